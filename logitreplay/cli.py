@@ -1,0 +1,52 @@
+"""The `logitreplay` command: one click group; each stage contributes its own commands.
+
+Errors that users can cause (bad input, missing files, unusable archives) surface as one line on stderr
+and a non-zero exit; tracebacks are for bugs.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from logitreplay.archive import ArchiveError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(fn: F) -> F:
+    """Turn the project's user-facing exceptions into `click` errors (one line, exit 1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from logitreplay.selectors.base import SelectorError
+
+        try:
+            return fn(*args, **kwargs)
+        except (ArchiveError, SelectorError, FileNotFoundError, PermissionError) as e:
+            raise click.ClickException(" ".join(str(e).split())) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="logitreplay")
+def main() -> None:
+    """Capture sparse-attention indexer logits, share them, and replay them against top-k selectors."""
+
+
+def _register() -> None:
+    from logitreplay.datasets.commands import inspect_cmd, synth_cmd
+
+    for cmd in (synth_cmd, inspect_cmd):
+        main.add_command(cmd)
+
+
+_register()
+
+if __name__ == "__main__":
+    sys.exit(main())
