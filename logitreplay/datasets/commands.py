@@ -1,0 +1,103 @@
+"""`logitreplay synth` (write a control suite to an archive) and `logitreplay inspect` (what an archive
+holds, and why a selector may be slow on it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from logitreplay.archive import Archive, ArchiveError
+from logitreplay.cli import user_errors
+from logitreplay.datasets import synth
+from logitreplay.datasets.summary import summarize
+
+
+def progress(iterable: Any, total: int, description: str) -> Any:
+    """A rich progress bar on a terminal, a plain iterator otherwise (logs and pipes stay clean)."""
+    if not sys.stderr.isatty():
+        return iterable
+    from rich.progress import track
+
+    return track(iterable, total=total, description=description, console=Console(stderr=True), transient=True)
+
+
+@click.command("synth")
+@click.option("--suite", "suite_name", type=click.Choice(sorted(synth.SUITES)), default="seed-controls",
+              show_default=True, help="Control suite to generate.")
+@click.option("--scale", type=click.Choice(synth.SCALES), default="small", show_default=True,
+              help="full: the published shapes; small: rows and columns / 8, runs in seconds on a CPU.")
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Archive directory to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the written case ids as JSON.")
+@user_errors
+def synth_cmd(suite_name: str, scale: str, out: Path, as_json: bool) -> None:
+    """Write a deterministic synthetic control suite (each case carries its recipe) to an archive."""
+    archive = Archive.create(out, attrs={"title": f"logitreplay {suite_name} ({scale})"})
+    existing = set(archive.case_ids())
+    recipes = synth.recipes(suite_name, scale)
+    written = []
+    for recipe in progress(recipes, len(recipes), f"synth {suite_name}"):
+        if recipe.case_id in existing:
+            continue
+        archive.write(synth.generate(recipe))
+        written.append(recipe.case_id)
+    if as_json:
+        click.echo(json.dumps({"archive": str(out), "written": written, "skipped": sorted(existing)}))
+    else:
+        click.echo(f"wrote {len(written)} cases to {out}" + (f" ({len(existing)} already there)" if existing else ""))
+
+
+@click.command("inspect")
+@click.argument("location")
+@click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print every field as JSON.")
+@user_errors
+def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool) -> None:
+    """Summarize the cases of an archive (directory, .zip or URL): shape, storage, row lengths, value
+    statistics (ties at the k-th value, fp16 bins of the top values) and provenance."""
+    archive = Archive.open(location)
+    infos = archive.infos()
+    if case_ids:
+        known = {i.case_id for i in infos}
+        missing = [c for c in case_ids if c not in known]
+        if missing:
+            raise ArchiveError(f"case {missing[0]}: not in {location}")
+        infos = [i for i in infos if i.case_id in case_ids]
+    summaries = []
+    for info in progress(infos, len(infos), "inspect"):
+        summaries.append(summarize(info, archive.read(info.case_id) if info.complete else None))
+    if as_json:
+        click.echo(json.dumps({"archive": location, "cases": summaries}, indent=1))
+        return
+    _print_table(location, summaries)
+
+
+def _fmt(x: Any, spec: str = "") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_table(location: str, summaries: list[dict[str, Any]]) -> None:
+    table = Table(title=f"{location}: {sum(s['complete'] for s in summaries)} cases")
+    for col in ("case", "rows", "cols", "k", "dtype", "source", "layer", "stored", "ratio", "row len min/med/max",
+                "min / max", "k-th ties", "fp16 bins top-2048"):
+        table.add_column(col, overflow="fold")
+    for s in summaries:
+        if not s["complete"]:
+            table.add_row(s["case_id"], *["-"] * 11, "[red]INCOMPLETE (not data)[/red]")
+            continue
+        v, rl = s["values"], s["row_length"]
+        table.add_row(
+            s["case_id"], str(s["rows"]), str(s["cols"]), str(s["top_k"]), s["dtype"],
+            str(s["distribution"] or s["source"] or "-"), str(s["layer"] or "-"),
+            _fmt(s["stored_bytes"] and s["stored_bytes"] / 2**20, ".1f") + " MiB",
+            _fmt(s["compression_ratio"], ".2f"),
+            f"{rl['min']}/{rl['median']:.0f}/{rl['max']}",
+            f"{_fmt(v['min'], '.3g')} / {_fmt(v['max'], '.3g')}",
+            _fmt(v["kth_ties_mean"], ".1f"), _fmt(v["fp16_bins_top_mean"], ".0f"),
+        )
+    Console(width=None if sys.stdout.isatty() else 220).print(table)

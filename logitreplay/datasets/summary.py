@@ -1,0 +1,91 @@
+"""Per-case summaries for `logitreplay inspect`: shape, storage, row lengths, and the value statistics
+that predict selector cost (exact ties at the k-th value; how many fp16 histogram bins the top values of
+a row fall into, which is what makes the native radix select need extra passes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from logitreplay.archive import Case, CaseInfo
+
+# Rows sampled for value statistics: enough for stable means, cheap on a 100k-column case.
+SAMPLE_ROWS = 64
+TOP_FOR_BINS = 2048
+
+
+def fp16_bin(values: torch.Tensor) -> torch.Tensor:
+    """The 11-bit bin of native's first pass: the top 11 bits of the order-preserving key of the value
+    converted to fp16 (larger value -> larger bin)."""
+    bits = values.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    key = torch.where(bits & 0x8000 != 0, (~bits) & 0xFFFF, bits | 0x8000)
+    return key >> 5
+
+
+def value_stats(case: Case) -> dict[str, Any]:
+    """Min/max over all values; ties at the k-th value and fp16 bins of the top values over sampled rows."""
+    v = case.torch_values().float()
+    out: dict[str, Any] = {"min": None, "max": None, "kth_ties_mean": None, "fp16_bins_top_mean": None,
+                           "nan": int(torch.isnan(v).sum()), "sampled_rows": 0}
+    if v.numel() == 0:
+        return out
+    out["min"], out["max"] = float(v.min()), float(v.max())
+    lengths = case.lengths
+    candidates = np.flatnonzero(lengths > 0)
+    if candidates.size == 0:
+        return out
+    rows = candidates[np.linspace(0, candidates.size - 1, min(SAMPLE_ROWS, candidates.size)).astype(np.int64)]
+    ties, bins = [], []
+    for r in np.unique(rows):
+        row = case.row(int(r)).float()
+        top = torch.topk(row, min(TOP_FOR_BINS, row.numel())).values
+        bins.append(int(torch.unique(fp16_bin(top)).numel()))
+        if row.numel() >= case.top_k:
+            kth = top[case.top_k - 1] if case.top_k <= top.numel() else torch.kthvalue(row, row.numel() - case.top_k + 1).values
+            ties.append(int((row == kth).sum()) - 1)
+    out["sampled_rows"] = len(bins)
+    out["fp16_bins_top_mean"] = float(np.mean(bins))
+    out["kth_ties_mean"] = float(np.mean(ties)) if ties else None
+    return out
+
+
+def summarize(info: CaseInfo, case: Case | None) -> dict[str, Any]:
+    """One case's summary; `case` is None for incomplete cases (listed, never read as data)."""
+    a = info.attrs
+    prov = a.get("provenance", {}) if isinstance(a.get("provenance"), dict) else {}
+    out: dict[str, Any] = {
+        "case_id": info.case_id,
+        "complete": info.complete,
+        "rows": a.get("rows"),
+        "cols": a.get("cols"),
+        "top_k": a.get("top_k"),
+        "dtype": a.get("dtype"),
+        "row_stride": a.get("row_stride"),
+        "source": prov.get("source", prov.get("engine")),
+        "distribution": prov.get("distribution"),
+        "layer": prov.get("layer_name", prov.get("layer")),
+        "stored_bytes": info.stored_bytes,
+        "provenance": prov,
+    }
+    if case is None:
+        return out
+    raw = sum(x.nbytes for x in (case.values, case.offsets, case.row_starts, case.row_ends)
+              if x is not None) + (0 if case.reference_indices is None else case.reference_indices.nbytes)
+    lengths = case.lengths
+    padded_bytes = case.rows * case.cols * case.values.itemsize
+    out.update({
+        "valid_bytes": case.nbytes,
+        "raw_bytes": raw,
+        "compression_ratio": (raw / info.stored_bytes) if info.stored_bytes else None,
+        "padded_bytes": padded_bytes,
+        "stored_vs_padded": (info.stored_bytes / padded_bytes) if info.stored_bytes and padded_bytes else None,
+        "row_length": {"min": int(lengths.min()) if lengths.size else 0,
+                       "median": float(np.median(lengths)) if lengths.size else 0.0,
+                       "max": int(lengths.max()) if lengths.size else 0,
+                       "shorter_than_k": int((lengths < case.top_k).sum()),
+                       "nonzero_starts": int((case.row_starts != 0).sum())},
+        "values": value_stats(case),
+    })
+    return out

@@ -1,0 +1,184 @@
+"""Deterministic synthetic control suites.
+
+Real captured logits are the point of logitreplay; these controls exist to *explain* what real logits
+do to a selector: the same shapes with normal-random scores, the distribution ablation that collapses
+fp16 histogram bins (+100, *1e-8), and the edge cases (ties, zeros, short rows, multi-request chunks,
+padded strides) that break selectors. Every case records its recipe, and a recipe regenerates its case
+bit for bit (numpy's PCG64 stream is stable across platforms and releases).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+import numpy as np
+import torch
+
+from logitreplay.archive import Case
+
+Scale = Literal["small", "full"]
+SCALES: tuple[str, ...] = ("small", "full")
+# Small scale divides rows and columns by this factor, keeping their ratio, so a CPU runs the suite in
+# seconds; top_k is kept unless it would exceed half the (shrunk) width.
+SMALL_DIVISOR = 8
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything needed to regenerate one synthetic case."""
+
+    suite: str
+    group: str
+    distribution: str  # normal | normal+100 | normal*1e-8 | relu | ties | low10
+    rows: int
+    cols: int
+    top_k: int
+    ends: str  # causal: cols - rows + i + 1 | diagonal: i + 1 | ramp: max(1, (i+1)*cols//rows) | edges
+    seed: int
+    dtype: str = "float32"
+    starts: str = "zero"  # zero | requests (a multi-request chunk: each request's rows start at its KV)
+    row_stride: int | None = None
+
+    @property
+    def case_id(self) -> str:
+        dist = self.distribution.replace("+", "plus").replace("*", "times")
+        parts = [self.group, dist, f"c{self.cols}", f"r{self.rows}", f"k{self.top_k}"]
+        if self.dtype != "float32":
+            parts.append("bf16")
+        if self.starts != "zero":
+            parts.append(self.starts)
+        if self.ends == "edges":
+            parts.append("edges")
+        if self.row_stride is not None:
+            parts.append(f"s{self.row_stride}")
+        return "-".join(parts)
+
+    def shrunk(self) -> Recipe:
+        rows = max(1, self.rows // SMALL_DIVISOR)
+        cols = max(1, self.cols // SMALL_DIVISOR)
+        stride = None if self.row_stride is None else _deepgemm_stride(cols)
+        return replace(self, rows=rows, cols=cols, top_k=min(self.top_k, max(1, cols // 2)), row_stride=stride)
+
+
+def _deepgemm_stride(cols: int) -> int:
+    """DeepGEMM pads logits rows to align(cols + 256, 256)."""
+    return (cols + 256 + 255) // 256 * 256
+
+
+def _seed_controls() -> list[Recipe]:
+    r: list[Recipe] = []
+    s = "seed-controls"
+    for i, cols in enumerate((8192, 51200, 102400)):
+        r.append(Recipe(s, "a", "normal", 4096, cols, 512, "causal", 100 + i))
+    for dist in ("normal", "normal+100", "normal*1e-8"):
+        # One seed for the ablation: the three cases hold the same draws, transformed.
+        r.append(Recipe(s, "b", dist, 8192, 8192, 512, "diagonal", 200))
+    for i, (cols, rows) in enumerate(((4096, 8192), (8192, 8192), (25600, 2048), (51200, 2048), (102400, 1310))):
+        r.append(Recipe(s, "c", "normal", rows, cols, 512, "causal" if rows <= cols else "ramp", 300 + i))
+    r.append(Recipe(s, "d", "normal", 4096, 65536, 2048, "causal", 400))
+    return r
+
+
+def _stress() -> list[Recipe]:
+    s = "stress"
+    base = {"suite": s, "rows": 1024, "cols": 16384, "top_k": 512, "ends": "causal"}
+    r = [Recipe(group="dist", distribution=d, seed=500 + i, **base)  # type: ignore[arg-type]
+         for i, d in enumerate(("relu", "ties", "low10"))]
+    r += [Recipe(group="bf16", distribution=d, seed=510 + i, dtype="bfloat16", **base)  # type: ignore[arg-type]
+          for i, d in enumerate(("normal", "relu", "ties"))]
+    r.append(Recipe(s, "edges", "normal", 1024, 16384, 512, "edges", 520))
+    r.append(Recipe(s, "edges", "normal", 1024, 16384, 512, "edges", 521, dtype="bfloat16"))
+    r.append(Recipe(s, "chunk", "normal", 1024, 16384, 512, "causal", 530, starts="requests"))
+    r.append(Recipe(s, "stride", "normal", 1024, 16384, 512, "causal", 540, row_stride=_deepgemm_stride(16384)))
+    r.append(Recipe(s, "stride", "normal", 1024, 16384, 512, "causal", 541, dtype="bfloat16",
+                    starts="requests", row_stride=_deepgemm_stride(16384)))
+    r.append(Recipe(s, "bigk", "normal", 512, 65536, 4096, "causal", 550))
+    return r
+
+
+SUITES: dict[str, list[Recipe]] = {"seed-controls": _seed_controls(), "stress": _stress()}
+
+
+def recipes(name: str, scale: str) -> list[Recipe]:
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; known: {', '.join(SCALES)}")
+    full = SUITES[name]
+    return full if scale == "full" else [x.shrunk() for x in full]
+
+
+def suite(name: str, scale: str = "small") -> Iterator[Case]:
+    """Generate the suite's cases lazily, one at a time (full scale holds gigabytes in total)."""
+    for recipe in recipes(name, scale):
+        yield generate(recipe)
+
+
+def bounds(recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row [start, end) for a recipe's bound rules."""
+    rows, cols, k = recipe.rows, recipe.cols, recipe.top_k
+    i = np.arange(rows, dtype=np.int64)
+    if recipe.ends == "causal":
+        if rows > cols:
+            raise ValueError(f"{recipe.case_id}: causal ends need rows <= cols")
+        ends = cols - rows + i + 1
+    elif recipe.ends == "diagonal":
+        ends = np.minimum(i + 1, cols)
+    elif recipe.ends == "ramp":
+        ends = np.maximum(1, (i + 1) * cols // rows)
+    elif recipe.ends == "edges":
+        # Row lengths around top_k, cycled, plus full rows: the lengths where -1 tails start and stop.
+        pattern = np.array([0, 1, k - 1, k, k + 1, cols], dtype=np.int64).clip(0, cols)
+        ends = pattern[i % pattern.shape[0]]
+    else:
+        raise ValueError(f"{recipe.case_id}: unknown ends rule {recipe.ends!r}")
+    starts = np.zeros(rows, dtype=np.int64)
+    if recipe.starts == "requests":
+        # A chunk holding three requests, each with its own KV column range and causal rows within it:
+        # every request but the first starts at a non-zero column.
+        if recipe.ends != "causal":
+            raise ValueError(f"{recipe.case_id}: multi-request chunks are causal")
+        width = cols // 3
+        req = np.minimum(i * 3 // rows, 2)
+        req_rows = np.bincount(req, minlength=3)
+        first_row = np.concatenate([[0], np.cumsum(req_rows)[:-1]])
+        starts = req * width
+        ends = starts + np.clip(width - req_rows[req] + (i - first_row[req]) + 1, 0, width)
+    elif recipe.starts != "zero":
+        raise ValueError(f"{recipe.case_id}: unknown starts rule {recipe.starts!r}")
+    return starts.astype(np.int32), ends.astype(np.int32)
+
+
+def _distribution(name: str, rng: np.random.Generator, n: int) -> np.ndarray:
+    if name == "low10":
+        # Fixed sign and exponent and the 13 high mantissa bits; only the 10 low bits vary: every value
+        # lies in [1, 1 + 2^-13), one fp16 bin, the worst case for histogram passes on high bits.
+        bits = np.uint32(0x3F800000) | rng.integers(0, 1 << 10, size=n, dtype=np.uint32)
+        return bits.view(np.float32)
+    x = rng.standard_normal(n, dtype=np.float32)
+    if name == "normal":
+        return x
+    if name == "normal+100":
+        return x + np.float32(100)
+    if name == "normal*1e-8":
+        return x * np.float32(1e-8)
+    if name == "relu":
+        return np.maximum(x - np.float32(1.28), np.float32(0))  # ~90% exact zeros
+    if name == "ties":
+        return np.round(x * np.float32(4)) / np.float32(4)  # a grid of 0.25: heavy exact ties
+    raise ValueError(f"unknown distribution {name!r}")
+
+
+def generate(recipe: Recipe) -> Case:
+    """Regenerate one case from its recipe (bit-identical on every machine)."""
+    starts, ends = bounds(recipe)
+    total = int((ends.astype(np.int64) - starts).sum())
+    values = _distribution(recipe.distribution, np.random.default_rng(recipe.seed), total)
+    tvalues = torch.from_numpy(values)
+    if recipe.dtype == "bfloat16":
+        tvalues = tvalues.to(torch.bfloat16)
+    attrs = {"source": "synthetic", "distribution": recipe.distribution, "recipe": asdict(recipe)}
+    return Case.from_rows(recipe.case_id, tvalues, starts, ends, top_k=recipe.top_k, cols=recipe.cols,
+                          row_stride=recipe.row_stride, attrs=attrs)
