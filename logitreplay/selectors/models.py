@@ -1,0 +1,245 @@
+"""Vectorized CPU models of the two bundled selection algorithms, with work counters.
+
+These are not fast top-k implementations: they replay, row-batched in torch, the decisions each GPU
+algorithm makes, so that on a machine without a GPU a user can still see *why* a selector will be slow
+on their logits (how many histogram passes native needs, how often DeepSelect compacts its buffer), and
+so that the selections they produce are verified like any kernel's. Rows are processed in chunks of at
+most `_CHUNK_CELLS` cells; within a chunk every step is a whole-tensor operation (no loop per element).
+
+- `native_topk`: vLLM's prefill histogram radix-select. Pass 1 bins the top 11 bits of the value
+  converted to fp16 (2048 bins); passes 2-4 bin fp32 bits 31-21, 20-10 and 9-0 among the elements that
+  matched every bin fixed so far. After each pass, elements above the threshold bin are emitted; once the
+  threshold bin holds <= `NATIVE_FINAL_ITEMS` elements (or after the last pass, when it holds only exact
+  ties) it is finished by a sort. Values concentrated in few fp16 bins (scores + 100, scores * 1e-8) keep
+  the threshold bin large and force the extra passes.
+- `deepselect_topk`: DeepSelect's single pass. A rising threshold T starts at -inf; blocks of
+  `DEEPSELECT_BLOCK` elements are visited in a fixed pseudo-random order; elements > T are appended to a
+  candidate buffer; when the buffer reaches k + `DEEPSELECT_SLACK` it is cut back to its k largest and T
+  becomes the k-th value. A final select of the buffer gives the result. Every element is read once.
+
+Both compare values through order-preserving integer keys, as the kernels do, so ties and signed zeros
+behave like the kernels' bit patterns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+NATIVE_BINS = 2048
+NATIVE_FINAL_ITEMS = 2048
+_NATIVE_PASSES = 4  # one fp16 pass, then fp32 bits 31-21, 20-10, 9-0
+DEEPSELECT_BLOCK = 512
+DEEPSELECT_SLACK = 1024
+_CHUNK_CELLS = 1 << 22
+_GOLDEN = 0x9E3779B1  # Fibonacci hashing constant: the pseudo-random block order
+
+
+@dataclass
+class NativeWork:
+    """Per-row work of the native model: `passes` is the histogram pass (1-4) after which the threshold
+    bin was small enough to finish (0 when the row had <= k elements and was copied whole);
+    `final_sort` is how many elements that finishing sort handled."""
+
+    passes: np.ndarray
+    final_sort: np.ndarray
+
+
+@dataclass
+class DeepSelectWork:
+    """Per-row work of the DeepSelect model: `compactions` of the candidate buffer back to k, and
+    `appended`, the candidates that passed the threshold (the buffer traffic)."""
+
+    compactions: np.ndarray
+    appended: np.ndarray
+
+
+def f32_key(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving uint32 key of float32 values, as int64 (larger value -> larger key)."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits + 0x80000000)
+
+
+def f16_bin(x: torch.Tensor) -> torch.Tensor:
+    """The 11-bit bin of native's first pass: top 11 bits of the order-preserving key of fp16(x)."""
+    bits = x.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+    key = torch.where(bits >= 0x8000, 0xFFFF - bits, bits + 0x8000)
+    return key >> 5
+
+
+def _valid_mask(starts: torch.Tensor, ends: torch.Tensor, cols: int) -> torch.Tensor:
+    col = torch.arange(cols, dtype=torch.int64).unsqueeze(0)
+    return (col >= starts.unsqueeze(1)) & (col < ends.unsqueeze(1))
+
+
+def _chunks(rows: int, cols: int) -> list[tuple[int, int]]:
+    step = max(1, _CHUNK_CELLS // max(cols, 1))
+    return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
+
+
+def _top_positions(score: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Column positions of each row's `top_k` highest scores (rows narrower than k padded with -1)."""
+    if score.shape[1] < top_k:
+        score = torch.cat([score, score.new_full((score.shape[0], top_k - score.shape[1]), -1)], dim=1)
+    return torch.topk(score, top_k, dim=1).indices
+
+
+def _with_tails(rel: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """int32 indices with every slot at or past `need` (min(k, row length)) set to -1."""
+    slot = torch.arange(rel.shape[1], dtype=torch.int64).unsqueeze(0)
+    return torch.where(slot < need.unsqueeze(1), rel, -1).to(torch.int32)
+
+
+def native_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int) -> tuple[torch.Tensor, NativeWork]:
+    """Run the native model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
+    rows, cols = logits.shape
+    out = torch.empty((rows, top_k), dtype=torch.int32)
+    passes = np.zeros(rows, dtype=np.int64)
+    final = np.zeros(rows, dtype=np.int64)
+    for r0, r1 in _chunks(rows, cols):
+        idx, p, f = _native_chunk(logits[r0:r1].float(), row_starts[r0:r1].to(torch.int64),
+                                  row_ends[r0:r1].to(torch.int64), top_k)
+        out[r0:r1] = idx
+        passes[r0:r1] = p.numpy()
+        final[r0:r1] = f.numpy()
+    return out, NativeWork(passes, final)
+
+
+def _native_bins(x: torch.Tensor, key: torch.Tensor, step: int) -> tuple[torch.Tensor, int]:
+    if step == 0:
+        return f16_bin(x), NATIVE_BINS
+    if step == 1:
+        return key >> 21, NATIVE_BINS
+    if step == 2:
+        return (key >> 10) & 0x7FF, NATIVE_BINS
+    return key & 0x3FF, 1024
+
+
+def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+                  top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, cols = x.shape
+    key = f32_key(x)
+    valid = _valid_mask(starts, ends, cols)
+    lengths = ends - starts
+    need = torch.clamp(lengths, max=top_k)
+    active = lengths > top_k  # shorter rows are copied whole, without a histogram
+    emitted = valid & ~active.unsqueeze(1)
+    cand = valid & active.unsqueeze(1)
+    remaining = need.clone()
+    passes = torch.zeros(n, dtype=torch.int64)
+    final = torch.zeros(n, dtype=torch.int64)
+    for step in range(_NATIVE_PASSES):
+        if not bool(active.any()):
+            break
+        b, nbins = _native_bins(x, key, step)
+        slot = torch.where(cand & active.unsqueeze(1), b, nbins)  # bin nbins collects the non-candidates
+        hist = torch.zeros((n, nbins + 1), dtype=torch.int64).scatter_add_(1, slot, torch.ones_like(slot))
+        hist = hist[:, :nbins]
+        at_or_above = hist.flip(1).cumsum(1).flip(1)
+        # The threshold bin: the highest bin whose count from the top reaches what is still needed.
+        t = ((at_or_above >= remaining.unsqueeze(1)).sum(1) - 1).clamp(min=0)
+        above = torch.cat([at_or_above, at_or_above.new_zeros((n, 1))], 1).gather(1, (t + 1).unsqueeze(1))
+        in_bin = hist.gather(1, t.unsqueeze(1)).squeeze(1)
+        a = active.unsqueeze(1)
+        emitted |= a & cand & (b > t.unsqueeze(1))
+        cand = torch.where(a, cand & (b == t.unsqueeze(1)), cand)
+        remaining = torch.where(active, remaining - above.squeeze(1), remaining)
+        passes = torch.where(active, step + 1, passes)
+        done = active & ((in_bin <= NATIVE_FINAL_ITEMS) | (step == _NATIVE_PASSES - 1))
+        final = torch.where(done, in_bin, final)
+        active &= ~done
+    # Emitted elements rank above the threshold bin's; within the bin the finishing sort takes the
+    # `remaining` largest. Everything else is out.
+    finishing = cand & ~emitted
+    score = torch.where(emitted, key + (1 << 33), torch.where(finishing, key, -1))
+    return _with_tails(_top_positions(score, top_k) - starts.unsqueeze(1), need), passes, final
+
+
+def block_order(blocks: int) -> torch.Tensor:
+    """The fixed pseudo-random order in which DeepSelect visits a row's blocks (same for every row)."""
+    h = (torch.arange(blocks, dtype=torch.int64) * _GOLDEN) & 0xFFFFFFFF
+    return torch.argsort(h, stable=True)
+
+
+def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                    top_k: int) -> tuple[torch.Tensor, DeepSelectWork]:
+    """Run the DeepSelect model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
+    rows, cols = logits.shape
+    out = torch.empty((rows, top_k), dtype=torch.int32)
+    compactions = np.zeros(rows, dtype=np.int64)
+    appended = np.zeros(rows, dtype=np.int64)
+    for r0, r1 in _chunks(rows, cols):
+        idx, c, a = _deepselect_chunk(logits[r0:r1].float(), row_starts[r0:r1].to(torch.int64),
+                                      row_ends[r0:r1].to(torch.int64), top_k)
+        out[r0:r1] = idx
+        compactions[r0:r1] = c.numpy()
+        appended[r0:r1] = a.numpy()
+    return out, DeepSelectWork(compactions, appended)
+
+
+def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+                      top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, cols = x.shape
+    block, limit = DEEPSELECT_BLOCK, top_k + DEEPSELECT_SLACK
+    cap = limit + block  # the buffer must hold one more block after reaching the limit
+    key = f32_key(x)
+    lengths = ends - starts
+    need = torch.clamp(lengths, max=top_k)
+    buf_key = torch.full((n, cap + 1), -1, dtype=torch.int64)  # column `cap` absorbs rejected writes
+    buf_idx = torch.zeros((n, cap + 1), dtype=torch.int64)
+    count = torch.zeros(n, dtype=torch.int64)
+    threshold = torch.full((n,), -1, dtype=torch.int64)  # -inf: every key is >= 0
+    compactions = torch.zeros(n, dtype=torch.int64)
+    appended = torch.zeros(n, dtype=torch.int64)
+    lane = torch.arange(block, dtype=torch.int64).unsqueeze(0)
+    blocks = int((lengths.max().item() + block - 1) // block) if n else 0
+    for b in block_order(blocks).tolist():
+        rel = b * block + lane
+        inside = rel < lengths.unsqueeze(1)
+        k = key.gather(1, (starts.unsqueeze(1) + rel).clamp(max=max(cols - 1, 0)))
+        take = inside & (k > threshold.unsqueeze(1))
+        pos = torch.where(take, count.unsqueeze(1) + take.cumsum(1) - 1, cap)
+        buf_key.scatter_(1, pos, torch.where(take, k, -1))
+        buf_idx.scatter_(1, pos, rel.expand(n, -1))
+        got = take.sum(1)
+        count += got
+        appended += got
+        full = count >= limit
+        if bool(full.any()):
+            rows_full = full.nonzero().squeeze(1)
+            top = torch.topk(buf_key[rows_full, :cap], top_k, dim=1)
+            kept_idx = buf_idx[rows_full].gather(1, top.indices)
+            buf_key[rows_full] = -1
+            buf_key[rows_full, :top_k] = top.values
+            buf_idx[rows_full, :top_k] = kept_idx
+            count[rows_full] = top_k
+            threshold[rows_full] = top.values[:, -1]
+            compactions[rows_full] += 1
+    pos = _top_positions(buf_key[:, :cap], top_k).clamp(max=cap)  # past `cap` only in -1 tail slots
+    out = _with_tails(buf_idx.gather(1, pos), need)
+    return out, compactions, appended
+
+
+def work_summary(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                 top_k: int) -> dict[str, float]:
+    """The counters `inspect --work` and the replay report show for one case, summarised over rows."""
+    _, nw = native_topk(logits, row_starts, row_ends, top_k)
+    _, dw = deepselect_topk(logits, row_starts, row_ends, top_k)
+
+    def mean(a: np.ndarray) -> float:
+        return float(a.mean()) if a.size else 0.0
+
+    def peak(a: np.ndarray) -> float:
+        return float(a.max()) if a.size else 0.0
+
+    return {
+        "native_passes_mean": mean(nw.passes),
+        "native_passes_max": peak(nw.passes),
+        "native_final_sort_mean": mean(nw.final_sort),
+        "deepselect_compactions_mean": mean(dw.compactions),
+        "deepselect_compactions_max": peak(dw.compactions),
+        "deepselect_appended_mean": mean(dw.appended),
+    }

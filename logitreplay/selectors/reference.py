@@ -1,0 +1,70 @@
+"""The reference selector: masked `torch.topk`, on CPU or CUDA.
+
+It defines the semantics every other selector is verified against (relative indices, -1 tails), so it is
+written for obviousness rather than speed: cells outside `[start, end)` are masked to -inf, `topk` picks
+`top_k` per row, indices are shifted by the row start and the slots past `min(top_k, end - start)` become
+-1. All buffers are allocated in `prepare`; the launch only runs in-place and `out=` ops, and reads the
+bounds on the device, so on CUDA it can be captured in a graph and replayed after the bounds change.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from logitreplay.archive import Case
+from logitreplay.selectors.base import Launch
+
+# On CPU the masked copy is processed in row chunks of at most this many cells, so a full-scale case
+# (4096 x 102400) does not need several GiB of scratch. On CUDA one chunk: one topk call, as users run it.
+_CPU_CHUNK_CELLS = 1 << 24
+
+
+class ReferenceSelector:
+    """Masked `torch.topk`: the semantics of vLLM's `top_k_per_row_prefill`, written plainly."""
+
+    name = "reference"
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        return None
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        rows, cols = logits.shape
+        dev = logits.device
+        # topk needs at least top_k columns: rows shorter than k are padded with masked (-inf) columns.
+        width = max(cols, top_k)
+        chunk = rows if dev.type == "cuda" else max(1, min(rows, _CPU_CHUNK_CELLS // max(width, 1)))
+        chunk = max(chunk, 1)
+        col = torch.arange(width, device=dev, dtype=torch.int32).unsqueeze(0)
+        slot = torch.arange(top_k, device=dev, dtype=torch.int32).unsqueeze(0)
+        starts = row_starts.unsqueeze(1)
+        ends = row_ends.unsqueeze(1)
+        masked = torch.empty((chunk, width), dtype=logits.dtype, device=dev)
+        outside = torch.empty((chunk, width), dtype=torch.bool, device=dev)
+        scratch = torch.empty((chunk, width), dtype=torch.bool, device=dev)
+        vals = torch.empty((chunk, top_k), dtype=logits.dtype, device=dev)
+        idx = torch.empty((chunk, top_k), dtype=torch.int64, device=dev)
+        rel = torch.empty((chunk, top_k), dtype=torch.int32, device=dev)
+        tail = torch.empty((chunk, top_k), dtype=torch.bool, device=dev)
+        lengths = (row_ends - row_starts).unsqueeze(1)
+        neg_inf = float("-inf")
+        spans = [(r0, min(rows, r0 + chunk)) for r0 in range(0, rows, chunk)]
+
+        def launch() -> None:
+            for r0, r1 in spans:
+                n = r1 - r0
+                m, o, s = masked[:n], outside[:n], scratch[:n]
+                m[:, :cols].copy_(logits[r0:r1])
+                torch.lt(col, starts[r0:r1], out=o)
+                torch.ge(col, ends[r0:r1], out=s)
+                o.logical_or_(s)
+                m.masked_fill_(o, neg_inf)
+                v, i = vals[:n], idx[:n]
+                torch.topk(m, top_k, dim=1, out=(v, i))
+                rel[:n].copy_(i)
+                rel[:n].sub_(starts[r0:r1])
+                torch.ge(slot, lengths[r0:r1], out=tail[:n])
+                rel[:n].masked_fill_(tail[:n], -1)
+                out[r0:r1].copy_(rel[:n])
+
+        return launch
