@@ -68,7 +68,7 @@ def load_factory(spec: str) -> Callable[[], Selector]:
         raise SelectorError(f"selector {spec!r}: {module_name} has no attribute {attr!r}") from None
     if not callable(factory):
         raise SelectorError(f"selector {spec!r}: {attr} is not callable")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def build(spec: str) -> Selector:

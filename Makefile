@@ -1,0 +1,26 @@
+# The README's two commands: `make demo` (set up, then replay the built-in suite) and `make test`.
+# A virtual environment that sees the system's packages: a machine that already has a (CUDA) torch keeps
+# it; only where no torch is importable is the CPU build torch==2.13.0 installed, before the project, so
+# that pip never resolves torch itself (which would download a multi-GB CUDA build).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test,hf,plot,dev]"
+	touch $@
+
+demo: setup
+	$(BIN)/logitreplay replay
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check logitreplay tests bench
+	$(BIN)/mypy
