@@ -1,0 +1,261 @@
+// Device primitives shared by the bundled top-k kernels (native.cu, deepselect.cu), and the C ABI they
+// export. Kept in one header, as DeepGEMM does, so that the parts both kernels need (order-preserving
+// keys, block histograms and scans, the shared-memory select of a candidate set, -1 tails, NaN
+// reporting) exist once and behave identically in both.
+//
+// ---------------------------------------------------------------------------------------------- C ABI
+// Every kernel family <name> ("native", "deepselect") is a torch-free shared library exporting:
+//
+//   extern "C" int lr_<name>_topk(const void* logits, int dtype /*0=f32,1=bf16*/, long long row_stride,
+//                                 const int* row_starts, const int* row_ends, int rows, int top_k,
+//                                 int* out, long long out_stride, void* workspace,
+//                                 long long workspace_bytes, cudaStream_t stream);
+//   extern "C" long long lr_<name>_workspace_bytes(int rows, int cols, int top_k, int dtype);
+//   extern "C" int lr_<name>_max_top_k(int dtype);
+//
+// Semantics of lr_<name>_topk (vLLM's top_k_per_row_prefill contract): for row r, write into
+// out[r * out_stride + 0 .. top_k) the indices, relative to row_starts[r], of the top_k largest of
+// logits[r * row_stride + row_starts[r] .. row_ends[r]), in any order; a row shorter than top_k gets
+// every valid index, then -1. `logits`, bounds, `out` and `workspace` are device pointers; bounds are
+// read on the device only (never on the host), and nothing is allocated, so one launch captured in a
+// CUDA graph stays valid when the bounds change in place. Cells outside a row's bounds are never read,
+// and nothing outside out[r * out_stride + 0 .. top_k) is written.
+//
+// `workspace` (>= lr_<name>_workspace_bytes, 256-byte aligned) starts with an LrStatus header that the
+// caller zeroes once (e.g. when allocating); kernels only OR flags into it (LR_STATUS_NAN: some row held
+// a NaN inside its bounds; the output of such a row is then unspecified but still in range). Reading it
+// is the caller's business (after a synchronize), so the launch itself never syncs.
+//
+// Return value: LR_OK, or one of the LR_E* codes below (checked on the host before launching, plus the
+// launch error, if any). A returned error means nothing was launched or the launch failed.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define LR_EXPORT extern "C" __attribute__((visibility("default")))
+
+enum LrError : int {
+  LR_OK = 0,
+  LR_EINVAL = 1,       // bad argument (dtype, rows < 0, top_k out of range, null pointer, stride)
+  LR_EWORKSPACE = 2,   // workspace smaller than lr_<name>_workspace_bytes
+  LR_ELAUNCH = 3,      // the kernel launch failed (cudaGetLastError)
+};
+
+enum LrDtype : int { LR_F32 = 0, LR_BF16 = 1 };
+
+enum LrStatusFlag : uint32_t { LR_STATUS_NAN = 1u };
+
+struct LrStatus {
+  uint32_t flags;
+  uint32_t reserved[63];  // pads the header to 256 bytes so what follows stays aligned
+};
+
+namespace lr {
+
+constexpr int kWarp = 32;
+
+// ------------------------------------------------------------------------------ order-preserving keys
+// A larger float maps to a larger unsigned key, so selection by value becomes selection by key and ties
+// of values are ties of keys. -0.0 and +0.0 get distinct keys (adjacent); NaN maps above +inf (positive
+// sign bit) or below -inf (negative), which is why NaN is reported separately.
+
+__device__ __forceinline__ uint32_t f32_key(float x) {
+  const uint32_t b = __float_as_uint(x);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+// bf16 -> fp32 is exact (the low 16 bits are zero), so bf16 input reuses the fp32 keys and passes.
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// 16-bit key of a bf16 value (same order as f32_key of its fp32 value, half the bits).
+__device__ __forceinline__ uint16_t bf16_key(__nv_bfloat16 x) {
+  const uint16_t b = __bfloat16_as_ushort(x);
+  return (b & 0x8000u) ? static_cast<uint16_t>(~b) : static_cast<uint16_t>(b | 0x8000u);
+}
+
+// The 11-bit bin of native's first pass: the value rounded to fp16, top 11 bits of its ordered key
+// (sign, 5 exponent, 5 mantissa bits: 32 bins per octave). fp16 rounding is monotone, so the bins are
+// consistent with the fp32 order; values concentrated in a narrow range (x + 100, x * 1e-8) fall into
+// very few bins, which is exactly what makes this pass distribution-sensitive.
+__device__ __forceinline__ uint32_t half_bin11(float x) {
+  const uint16_t b = __half_as_ushort(__float2half_rn(x));
+  const uint16_t k = (b & 0x8000u) ? static_cast<uint16_t>(~b) : static_cast<uint16_t>(b | 0x8000u);
+  return k >> 5;
+}
+
+// ---------------------------------------------------------------------------------- status reporting
+
+__device__ __forceinline__ void report_nan(LrStatus* status) {
+  if (status != nullptr) atomicOr(&status->flags, LR_STATUS_NAN);
+}
+
+// -------------------------------------------------------------------------------------------- output
+
+// Slots [from, top_k) of an output row get -1 (rows shorter than top_k).
+template <int THREADS>
+__device__ __forceinline__ void write_tail(int* out_row, int from, int top_k) {
+  for (int i = from + static_cast<int>(threadIdx.x); i < top_k; i += THREADS) out_row[i] = -1;
+}
+
+// ------------------------------------------------------------------------------------- row traversal
+
+// Calls f(float x, int i) for every element i in [0, len) of `row` (any alignment), spread over the
+// block's THREADS threads, with 16-byte vector loads for the aligned body. Rows start at arbitrary
+// columns (multi-request chunks), so a scalar head reaches the first 16-byte boundary.
+template <int THREADS, typename T, typename F>
+__device__ __forceinline__ void for_each_in_row(const T* __restrict__ row, int len, F&& f) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int tid = threadIdx.x;
+  const int misalign = static_cast<int>((reinterpret_cast<uintptr_t>(row) % 16) / sizeof(T));
+  const int head = min(len, misalign ? kVec - misalign : 0);
+  if (tid < head) f(to_f32(row[tid]), tid);
+  const int nvec = (len - head) / kVec;
+  const uint4* body = reinterpret_cast<const uint4*>(row + head);
+  for (int v = tid; v < nvec; v += THREADS) {
+    const uint4 w = __ldg(body + v);
+    const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) f(to_f32(e[j]), head + v * kVec + j);
+  }
+  for (int i = head + nvec * kVec + tid; i < len; i += THREADS) f(to_f32(row[i]), i);
+}
+
+// ------------------------------------------------------------------- block histograms and the scan
+
+template <int THREADS>
+__device__ __forceinline__ void smem_fill(uint32_t* p, int n, uint32_t v) {
+  for (int i = threadIdx.x; i < n; i += THREADS) p[i] = v;
+}
+
+// Where the `need`-th largest element falls in a histogram: the bin t with
+// above < need <= above + count, where `above` counts the elements in bins > t.
+struct ThresholdBin {
+  int bin;          // -1 when the histogram holds fewer than `need` elements
+  uint32_t above;   // elements in bins above `bin`: all of them are selected
+  uint32_t count;   // elements in `bin`: `need - above` of them are selected
+};
+
+// Scratch for block_threshold_bin: one word per warp plus the result.
+template <int THREADS>
+struct ScanScratch {
+  uint32_t warp_total[THREADS / kWarp];
+  ThresholdBin result;
+};
+
+// Block-wide exclusive prefix sum of `hist` from the top bin down, and the threshold bin for `need`.
+// `hist` must be complete (caller synced); every thread returns the same result. Thread t owns
+// ceil(BINS / THREADS) consecutive bins counted from the top, so the scan is one register pass, one
+// warp shuffle scan and one pass over the per-warp totals.
+template <int THREADS, int BINS>
+__device__ ThresholdBin block_threshold_bin(const uint32_t* hist, uint32_t need, ScanScratch<THREADS>& s) {
+  static_assert(THREADS % kWarp == 0, "whole warps");
+  constexpr int kItems = (BINS + THREADS - 1) / THREADS;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  uint32_t cnt[kItems];
+  uint32_t local = 0;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int r = tid * kItems + j;  // rank from the top
+    cnt[j] = r < BINS ? hist[BINS - 1 - r] : 0u;
+    local += cnt[j];
+  }
+  uint32_t incl = local;
+#pragma unroll
+  for (int d = 1; d < kWarp; d <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += y;
+  }
+  if (tid == 0) s.result = ThresholdBin{-1, 0u, 0u};
+  if (lane == kWarp - 1) s.warp_total[warp] = incl;
+  __syncthreads();
+  uint32_t above = incl - local;
+  for (int w = 0; w < warp; ++w) above += s.warp_total[w];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int r = tid * kItems + j;
+    if (r < BINS && above < need && above + cnt[j] >= need) s.result = ThresholdBin{BINS - 1 - r, above, cnt[j]};
+    above += cnt[j];
+  }
+  __syncthreads();
+  return s.result;
+}
+
+// ------------------------------------------------------------- shared-memory select of a candidate set
+
+// The top `m` of n candidate keys, as a rule: every key with (key & mask) > prefix is selected, plus the
+// first `ties` keys (in any order) with (key & mask) == prefix. `mask` keeps the top bits fixed so far
+// (all 32 when the m-th key was resolved exactly), so `prefix` is a lower bound of the m-th largest key
+// and exact when mask == ~0u: a safe threshold to raise to.
+struct SelectRule {
+  uint32_t mask;
+  uint32_t prefix;
+  uint32_t ties;
+};
+
+template <int THREADS>
+struct SelectScratch {
+  uint32_t hist[256];
+  ScanScratch<THREADS> scan;
+  SelectRule rule;
+  uint32_t tie_taken;
+  uint32_t emitted;
+};
+
+// Find the selection rule for the `m` largest of keys[0 .. n) (shared memory, 1 <= m <= n). Up to
+// THREADS candidates are ranked directly (one compare loop per thread, no barriers); larger sets take
+// up to four 8-bit radix passes, stopping early once the threshold digit's bucket is taken whole.
+template <int THREADS>
+__device__ SelectRule smem_select_rule(const uint32_t* keys, int n, int m, SelectScratch<THREADS>& s) {
+  const int tid = threadIdx.x;
+  if (n <= THREADS) {
+    if (tid < n) {
+      const uint32_t key = keys[tid];
+      int gt = 0, eq = 0;
+      for (int j = 0; j < n; ++j) {
+        const uint32_t o = keys[j];
+        gt += o > key;
+        eq += o == key;
+      }
+      if (gt < m && gt + eq >= m) s.rule = SelectRule{~0u, key, static_cast<uint32_t>(m - gt)};
+    }
+    __syncthreads();
+    return s.rule;
+  }
+  uint32_t mask = 0, prefix = 0, need = static_cast<uint32_t>(m);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    smem_fill<THREADS>(s.hist, 256, 0u);
+    __syncthreads();
+    for (int i = tid; i < n; i += THREADS) {
+      const uint32_t key = keys[i];
+      if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    const ThresholdBin t = block_threshold_bin<THREADS, 256>(s.hist, need, s.scan);
+    mask |= 255u << shift;
+    prefix |= static_cast<uint32_t>(t.bin) << shift;
+    need -= t.above;
+    if (need == t.count) break;  // the whole bucket is selected: no need to resolve it further
+  }
+  return SelectRule{mask, prefix, need};
+}
+
+// Apply a rule: calls sink(i) once for each selected candidate i (exactly m calls in all). Each caller
+// places the result itself (an output slot, a compacted buffer), so the rule is computed once for both
+// kernels' uses. Resets and uses s.tie_taken; ends with a barrier.
+template <int THREADS, typename Sink>
+__device__ void smem_select_apply(const uint32_t* keys, int n, SelectRule rule, SelectScratch<THREADS>& s,
+                                  Sink&& sink) {
+  if (threadIdx.x == 0) s.tie_taken = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += THREADS) {
+    const uint32_t k = keys[i] & rule.mask;
+    if (k > rule.prefix || (k == rule.prefix && atomicAdd(&s.tie_taken, 1u) < rule.ties)) sink(i);
+  }
+  __syncthreads();
+}
+
+}  // namespace lr

@@ -1,0 +1,176 @@
+// native: the histogram radix-select of vLLM's top_k_per_row_prefill, reimplemented so that replays
+// predict what that production kernel does on the same logits, including where it is slow.
+//
+// One block of 512 threads per row. Pass 0 histograms the top 11 bits of every value rounded to fp16
+// (2048 bins) and finds the bin holding the k-th largest; every element in a higher bin is emitted.
+// If the threshold bin holds <= 2048 elements they are collected in shared memory and finished by a
+// shared-memory select; otherwise refinement passes over the fp32 key (11, 11 and 10 bits) repeat the
+// histogram among the elements matching every bin fixed so far, re-reading the row each time. After
+// the last pass the threshold bin holds equal keys, and the first ones reached fill the remaining slots.
+//
+// Distribution sensitivity is part of the model: values concentrated in a narrow range (x + 100,
+// x * 1e-8) land in one or two fp16 bins, so every pass funnels the row through a few shared-memory
+// atomics on one address and up to four passes read the row: about ten times slower, as upstream.
+//
+// ABI, workspace and status: see common.cuh.
+#include <climits>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kBins = 2048;   // 11-bit passes; the last pass uses the low 1024
+constexpr int kFinal = 2048;  // a threshold bin this small is finished in shared memory
+
+struct Smem {
+  union {
+    uint32_t hist[kBins];  // live from a pass's clear to its threshold search
+    struct {
+      uint32_t keys[kFinal];
+      int idx[kFinal];
+    } cand;  // filled by the emit sweep of the last pass, after the histogram is dead
+  } u;
+  lr::ScanScratch<kThreads> scan;
+  lr::SelectScratch<kThreads> sel;
+  uint32_t found;    // output slots written so far
+  uint32_t cand_n;   // candidates collected for the final select
+  uint32_t ties;     // slots taken by equal keys in the last pass
+};
+
+// What pass P sees of a value: whether it is still undecided (matches every bin fixed so far) and its
+// bin. `t0` is pass 0's fp16 threshold bin; `pattern` holds the fp32 key bits fixed by passes 1 and 2.
+template <int P>
+struct Pass {
+  static constexpr int kBinsP = P == 3 ? 1024 : kBins;
+  __device__ __forceinline__ static bool match(float x, uint32_t t0, uint32_t pattern) {
+    if constexpr (P == 0) {
+      return true;
+    } else {
+      if (lr::half_bin11(x) != t0) return false;
+      if constexpr (P == 1) return true;
+      constexpr int shift = P == 2 ? 21 : 10;
+      return ((lr::f32_key(x) ^ pattern) >> shift) == 0;
+    }
+  }
+  __device__ __forceinline__ static uint32_t bin(float x) {
+    if constexpr (P == 0) return lr::half_bin11(x);
+    const uint32_t key = lr::f32_key(x);
+    if constexpr (P == 1) return key >> 21;
+    if constexpr (P == 2) return (key >> 10) & 0x7ffu;
+    return key & 0x3ffu;
+  }
+};
+
+// One histogram pass over the row. Returns the threshold bin; when it returns with
+// `t.count <= kFinal` (P < 3) the bin's elements are in s.u.cand, else the next pass must refine it.
+template <int P, typename T>
+__device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int* out_row, uint32_t t0,
+                                           uint32_t pattern, Smem& s, LrStatus* status) {
+  lr::smem_fill<kThreads>(s.u.hist, Pass<P>::kBinsP, 0u);
+  __syncthreads();
+  bool nan = false;
+  lr::for_each_in_row<kThreads>(row, len, [&](float x, int) {
+    if constexpr (P == 0) nan |= x != x;
+    if (Pass<P>::match(x, t0, pattern)) atomicAdd(&s.u.hist[Pass<P>::bin(x)], 1u);
+  });
+  if constexpr (P == 0) {
+    if (__syncthreads_or(nan) && threadIdx.x == 0) lr::report_nan(status);
+  } else {
+    __syncthreads();
+  }
+  const uint32_t need = static_cast<uint32_t>(top_k) - s.found;
+  const lr::ThresholdBin t = lr::block_threshold_bin<kThreads, Pass<P>::kBinsP>(s.u.hist, need, s.scan);
+  const uint32_t tb = static_cast<uint32_t>(t.bin);
+  const bool collect = P < 3 && t.count <= kFinal;
+  const uint32_t take_equal = need - t.above;  // used by the last pass only
+  lr::for_each_in_row<kThreads>(row, len, [&](float x, int i) {
+    if (!Pass<P>::match(x, t0, pattern)) return;
+    const uint32_t b = Pass<P>::bin(x);
+    if (b > tb) {
+      out_row[atomicAdd(&s.found, 1u)] = i;
+    } else if (b == tb) {
+      if constexpr (P == 3) {
+        if (atomicAdd(&s.ties, 1u) < take_equal) out_row[atomicAdd(&s.found, 1u)] = i;
+      } else if (collect) {
+        const uint32_t c = atomicAdd(&s.cand_n, 1u);
+        s.u.cand.keys[c] = lr::f32_key(x);
+        s.u.cand.idx[c] = i;
+      }
+    }
+  });
+  __syncthreads();
+  return t;
+}
+
+template <typename T>
+__global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restrict__ logits, long long row_stride,
+                                                               const int* __restrict__ row_starts,
+                                                               const int* __restrict__ row_ends, int top_k,
+                                                               int* __restrict__ out, long long out_stride,
+                                                               LrStatus* status) {
+  __shared__ Smem s;
+  const long long r = blockIdx.x;
+  const int start = row_starts[r];
+  const int len = row_ends[r] - start;
+  int* out_row = out + r * out_stride;
+  if (len <= top_k) {  // every valid index, then -1
+    for (int i = threadIdx.x; i < len; i += kThreads) out_row[i] = i;
+    lr::write_tail<kThreads>(out_row, len > 0 ? len : 0, top_k);
+    return;
+  }
+  const T* row = logits + r * row_stride + start;
+  if (threadIdx.x == 0) {
+    s.found = 0;
+    s.cand_n = 0;
+    s.ties = 0;
+  }
+  // The first pass's clear is followed by a barrier, which also publishes these counters.
+  const lr::ThresholdBin t0 = histogram_pass<0>(row, len, top_k, out_row, 0u, 0u, s, status);
+  if (t0.count > kFinal) {
+    const uint32_t b0 = static_cast<uint32_t>(t0.bin);
+    const lr::ThresholdBin t1 = histogram_pass<1>(row, len, top_k, out_row, b0, 0u, s, status);
+    if (t1.count > kFinal) {
+      const uint32_t p1 = static_cast<uint32_t>(t1.bin) << 21;
+      const lr::ThresholdBin t2 = histogram_pass<2>(row, len, top_k, out_row, b0, p1, s, status);
+      if (t2.count > kFinal) {
+        histogram_pass<3>(row, len, top_k, out_row, b0, p1 | (static_cast<uint32_t>(t2.bin) << 10), s, status);
+        return;
+      }
+    }
+  }
+  // The threshold bin's candidates are in shared memory: select the slots still open among them.
+  const int n = static_cast<int>(s.cand_n);
+  const int m = top_k - static_cast<int>(s.found);
+  const lr::SelectRule rule = lr::smem_select_rule<kThreads>(s.u.cand.keys, n, m, s.sel);
+  lr::smem_select_apply<kThreads>(s.u.cand.keys, n, rule, s.sel,
+                                  [&](int i) { out_row[atomicAdd(&s.found, 1u)] = s.u.cand.idx[i]; });
+}
+
+}  // namespace
+
+LR_EXPORT long long lr_native_workspace_bytes(int, int, int, int) { return sizeof(LrStatus); }
+
+// No limit from the algorithm: selected indices go straight to the output row, never to shared memory.
+LR_EXPORT int lr_native_max_top_k(int) { return INT_MAX; }
+
+LR_EXPORT int lr_native_topk(const void* logits, int dtype, long long row_stride, const int* row_starts,
+                             const int* row_ends, int rows, int top_k, int* out, long long out_stride,
+                             void* workspace, long long workspace_bytes, cudaStream_t stream) {
+  if ((dtype != LR_F32 && dtype != LR_BF16) || rows < 0 || top_k < 1 || row_stride < 0 ||
+      (rows > 1 && out_stride < top_k))
+    return LR_EINVAL;
+  if (rows > 0 && (logits == nullptr || row_starts == nullptr || row_ends == nullptr || out == nullptr))
+    return LR_EINVAL;
+  if (workspace == nullptr || workspace_bytes < static_cast<long long>(sizeof(LrStatus))) return LR_EWORKSPACE;
+  if (rows == 0) return LR_OK;
+  auto* status = static_cast<LrStatus*>(workspace);
+  if (dtype == LR_F32) {
+    native_topk_kernel<float><<<rows, kThreads, 0, stream>>>(static_cast<const float*>(logits), row_stride,
+                                                             row_starts, row_ends, top_k, out, out_stride, status);
+  } else {
+    native_topk_kernel<__nv_bfloat16><<<rows, kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(logits), row_stride, row_starts, row_ends, top_k, out, out_stride, status);
+  }
+  return cudaGetLastError() == cudaSuccess ? LR_OK : LR_ELAUNCH;
+}
