@@ -22,5 +22,5 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check logitreplay tests bench
-	$(BIN)/mypy
+	$(BIN)/python -m ruff check logitreplay tests bench
+	$(BIN)/python -m mypy
