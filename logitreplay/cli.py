@@ -41,8 +41,9 @@ def main() -> None:
 
 def _register() -> None:
     from logitreplay.datasets.commands import inspect_cmd, synth_cmd
+    from logitreplay.selectors.cuda.commands import build_kernels_cmd
 
-    for cmd in (synth_cmd, inspect_cmd):
+    for cmd in (synth_cmd, inspect_cmd, build_kernels_cmd):
         main.add_command(cmd)
 
 
