@@ -370,10 +370,15 @@ class Archive:
             raise ArchiveError(f"{self.location}: archive has no 'cases' group") from None
 
     def infos(self) -> list[CaseInfo]:
-        """Every case group, complete or not, sorted by id (attributes only, no values read)."""
+        """Every case group, complete or not, sorted by id (attributes only, no values read). A group
+        whose metadata cannot be parsed is listed as incomplete, with the reason in its attributes."""
+        cases = self._cases_group()
         out = []
-        for name, grp in sorted(self._cases_group().groups(), key=lambda kv: kv[0]):
-            attrs = dict(grp.attrs)
+        for name in _child_names(cases):
+            try:
+                attrs = dict(cases[name].attrs)
+            except Exception as e:  # malformed zarr.json of one case must not hide the others
+                attrs = {"error": f"unreadable metadata ({type(e).__name__}: {_one_line(e)})"}
             out.append(CaseInfo(name, attrs.get("complete") is True, attrs, self._stored_bytes(name)))
         return out
 
@@ -400,40 +405,41 @@ class Archive:
 
     # -- reading
 
-    def read(self, case_id: str, verify: bool = True) -> Case:
-        """Read one complete case; checksums of every array are verified unless `verify=False`."""
+    def read(self, case_id: str) -> Case:
+        """Read one complete case, verifying the sha256 of every array and every invariant of the format."""
         try:
             grp = self._cases_group()[case_id]
+            attrs = dict(grp.attrs)
         except KeyError:
             raise ArchiveError(f"case {case_id}: not in {self.location}") from None
-        attrs = dict(grp.attrs)
+        except Exception as e:  # malformed metadata: report, never guess
+            raise ArchiveError(f"case {case_id}: unreadable metadata ({type(e).__name__}: {_one_line(e)})") from None
         if attrs.get("complete") is not True:
             raise ArchiveError(f"case {case_id}: incomplete (its writer did not finish); not data")
         if attrs.get("schema_version") != SCHEMA_VERSION:
             raise ArchiveError(f"case {case_id}: field schema_version: {attrs.get('schema_version')!r} "
                                f"is not supported (expected {SCHEMA_VERSION})")
-        try:
-            dtype = attrs["dtype"]
-            if dtype not in DTYPES:
-                raise ArchiveError(f"case {case_id}: field dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-            arrays: dict[str, np.ndarray] = {}
-            for name in _ARRAYS:
-                if name == "reference_indices" and not attrs.get("has_reference", False):
-                    continue
-                arrays[name] = self._read_array(case_id, grp, name, attrs)
-            case = Case(case_id, arrays["values"], arrays["offsets"], arrays["row_starts"], arrays["row_ends"],
-                        int(attrs["top_k"]), int(attrs["cols"]), int(attrs["row_stride"]), dtype,
-                        arrays.get("reference_indices"), dict(attrs.get("provenance", {})))
-        except KeyError as e:
-            raise ArchiveError(f"case {case_id}: field {e.args[0]}: missing") from None
-        except (TypeError, ValueError) as e:
-            if isinstance(e, ArchiveError):
-                raise
-            raise ArchiveError(f"case {case_id}: malformed attributes ({_one_line(e)})") from None
+        for key in ("top_k", "cols", "row_stride"):
+            if type(attrs.get(key)) is not int:
+                raise ArchiveError(f"case {case_id}: field {key}: expected an integer, got {attrs.get(key)!r}")
+        for key in ("checksums", "provenance"):
+            if not isinstance(attrs.get(key), dict):
+                raise ArchiveError(f"case {case_id}: field {key}: not a JSON object")
+        dtype = attrs.get("dtype")
+        if dtype not in DTYPES:
+            raise ArchiveError(f"case {case_id}: field dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+        arrays: dict[str, np.ndarray] = {}
+        for name in _ARRAYS:
+            if name == "reference_indices" and attrs.get("has_reference") is not True:
+                continue
+            arrays[name] = self._read_array(case_id, grp, name, attrs["checksums"])
+        case = Case(case_id, arrays["values"], arrays["offsets"], arrays["row_starts"], arrays["row_ends"],
+                    attrs["top_k"], attrs["cols"], attrs["row_stride"], dtype,
+                    arrays.get("reference_indices"), dict(attrs["provenance"]))
         case.validate()
         return case
 
-    def _read_array(self, case_id: str, grp: Any, name: str, attrs: dict[str, Any]) -> np.ndarray:
+    def _read_array(self, case_id: str, grp: Any, name: str, checksums: dict[str, Any]) -> np.ndarray:
         try:
             arr = grp[name]
         except KeyError:
@@ -443,7 +449,7 @@ class Archive:
         except Exception as e:  # a damaged chunk fails inside the codec with any exception type
             raise ArchiveError(f"case {case_id}: field {name}: checksum error: chunk unreadable "
                                f"({type(e).__name__}: {_one_line(e)})") from None
-        want = attrs.get("checksums", {}).get(name)
+        want = checksums.get(name)
         if want is None:
             raise ArchiveError(f"case {case_id}: field {name}: no checksum recorded")
         if _sha256(data) != want:
@@ -522,6 +528,19 @@ class Archive:
         for cid in gone:
             shutil.rmtree(Path(self.location) / "cases" / cid)
         return gone
+
+
+def _child_names(group: Any) -> list[str]:
+    """Names under a group, listed from the store itself: zarr's own listing parses every child's
+    metadata, so one malformed case would hide all the others."""
+    from zarr.core.sync import sync
+
+    prefix = f"{group.path}/" if group.path else ""
+
+    async def collect() -> list[str]:
+        return [name async for name in group.store.list_dir(prefix)]
+
+    return sorted(n.rstrip("/") for n in sync(collect()) if n != "zarr.json")
 
 
 def _now() -> str:
