@@ -208,8 +208,11 @@ struct SelectScratch {
 // Find the selection rule for the `m` largest of keys[0 .. n) (shared memory, 1 <= m <= n). Up to
 // THREADS candidates are ranked directly (one compare loop per thread, no barriers); larger sets take
 // up to four 8-bit radix passes, stopping early once the threshold digit's bucket is taken whole.
-template <int THREADS>
+// KEY_BITS < 32 says only the top KEY_BITS bits of the keys carry information (16 for the fp32 keys of
+// bf16 values), so the passes stop there and equal keys are then taken as ties.
+template <int THREADS, int KEY_BITS = 32>
 __device__ SelectRule smem_select_rule(const uint32_t* keys, int n, int m, SelectScratch<THREADS>& s) {
+  static_assert(KEY_BITS % 8 == 0 && KEY_BITS >= 8 && KEY_BITS <= 32, "whole 8-bit digits");
   const int tid = threadIdx.x;
   if (n <= THREADS) {
     if (tid < n) {
@@ -226,7 +229,7 @@ __device__ SelectRule smem_select_rule(const uint32_t* keys, int n, int m, Selec
     return s.rule;
   }
   uint32_t mask = 0, prefix = 0, need = static_cast<uint32_t>(m);
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  for (int shift = 24; shift >= 32 - KEY_BITS; shift -= 8) {
     smem_fill<THREADS>(s.hist, 256, 0u);
     __syncthreads();
     for (int i = tid; i < n; i += THREADS) {
