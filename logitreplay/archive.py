@@ -345,6 +345,10 @@ class Archive:
             elif is_url:
                 if mode != "r":
                     raise ArchiveError(f"{loc}: remote archives are read-only")
+                if loc.startswith("hf://"):
+                    from logitreplay.datasets.hub import pin_url
+
+                    loc = pin_url(loc)  # read, and record in `location`, one commit, not a moving branch
                 store = zarr.storage.FsspecStore.from_url(loc, storage_options=storage_options, read_only=True)
             else:
                 if not (Path(loc) / "zarr.json").is_file():

@@ -1,0 +1,158 @@
+"""The dataset card (README.md with YAML front matter) of a published archive, built from the archive.
+
+Everything on the card is derived from the cases' stored attributes, never typed by hand, so a card
+regenerated from the same archive is identical (no timestamps) and a card can be checked against its
+data. The front matter carries the Hub's standard fields and a `logitreplay` block (models with their
+exact revisions, engines, capture policies, the selection contract) that tools can read back through
+`DatasetCard.load(...).data`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub import DatasetCard, DatasetCardData
+
+from logitreplay.archive import SCHEMA_VERSION, Archive, CaseInfo
+
+SELECTOR_SEMANTICS = (
+    "For row r, return the indices of the top_k largest values of logits[r, row_starts[r]:row_ends[r]], "
+    "relative to row_starts[r], in any order, as int32; when the row holds fewer than top_k values, return "
+    "all of them and fill the remaining slots with -1. Ties at the k-th value may be broken arbitrarily, so "
+    "a result is judged by the multiset of selected values (bit-exact), never by the index set."
+)
+TAGS = ["logitreplay", "sparse-attention", "top-k", "indexer-logits", "deepseek-sparse-attention"]
+_ITEMSIZE = {"float32": 4, "bfloat16": 2}
+
+
+def _provenance(info: CaseInfo) -> dict[str, Any]:
+    prov = info.attrs.get("provenance")
+    return prov if isinstance(prov, dict) else {}
+
+
+def _first(d: dict[str, Any], *keys: str) -> Any:
+    return next((d[k] for k in keys if d.get(k) is not None), None)
+
+
+def _distinct(items: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for x in items:
+        if x is not None and x not in out:
+            out.append(x)
+    return out
+
+
+def size_category(n: int) -> str:
+    """The Hub's size bucket for `n` examples (a case is one example)."""
+    for limit, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K")):
+        if n < limit:
+            return name
+    return "100K<n<1M"
+
+
+def card_fields(infos: list[CaseInfo]) -> dict[str, Any]:
+    """The `logitreplay` block of the front matter: what a reader needs to trust and reproduce the data."""
+    provs = [_provenance(i) for i in infos]
+    models = _distinct([{"id": str(m), "revision": _first(p, "model_revision", "revision")}
+                        for p in provs if (m := _first(p, "model", "model_id")) is not None])
+    engines = _distinct([{"name": str(e), "version": _first(p, "engine_version")}
+                         for p in provs if (e := _first(p, "engine")) is not None])
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "cases": len(infos),
+        "sources": _distinct([_first(p, "source", "engine") for p in provs]),
+        "models": models,
+        "engines": engines,
+        "capture_policy": _distinct([_first(p, "capture_policy", "policy") for p in provs]),
+        "dtypes": _distinct([i.attrs.get("dtype") for i in infos]),
+        "selector_semantics": SELECTOR_SEMANTICS,
+    }
+
+
+def case_row(info: CaseInfo) -> dict[str, Any]:
+    a, p = info.attrs, _provenance(info)
+    return {"id": info.case_id, "layer": _first(p, "layer_name", "layer", "layer_index"),
+            "rows": a.get("rows"), "cols": a.get("cols"), "top_k": a.get("top_k"), "dtype": a.get("dtype"),
+            "bytes": int(a.get("valid_elements", 0)) * _ITEMSIZE.get(str(a.get("dtype")), 4),
+            "sha256": a.get("sha256")}
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = ["id", "layer", "rows", "cols", "top_k", "dtype", "bytes", "sha256"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join("-" if r[c] is None else f"`{r[c]}`" if c in ("id", "sha256") else str(r[c])
+                                       for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _provenance_section(infos: list[CaseInfo], fields: dict[str, Any]) -> str:
+    lines = []
+    for m in fields["models"]:
+        lines.append(f"- Model `{m['id']}` at revision `{m['revision'] or 'unrecorded'}`.")
+    for e in fields["engines"]:
+        lines.append(f"- Engine {e['name']} {e['version'] or ''}".rstrip() + ".")
+    for pol in fields["capture_policy"]:
+        lines.append(f"- Capture policy: `{pol}`.")
+    synthetic = [i for i in infos if _provenance(i).get("source") == "synthetic"]
+    if synthetic:
+        lines.append(f"- {len(synthetic)} synthetic control case(s): each case's `provenance.recipe` attribute "
+                     "regenerates it bit for bit (`logitreplay synth`).")
+    lines.append("- Every array carries a sha256 checksum, verified on every read; the table's `sha256` is the "
+                 "checksum of the in-range values.")
+    return "\n".join(lines)
+
+
+def build_card(archive: Archive, repo_id: str, license: str = "cc-by-4.0") -> DatasetCard:
+    """The card for `archive` published as the dataset repo `repo_id` (archive under `archive/`)."""
+    infos = [i for i in archive.infos() if i.complete]
+    fields = card_fields(infos)
+    title = str(archive.attrs.get("title") or repo_id.split("/")[-1])
+    data = DatasetCardData(license=license, pretty_name=title, tags=TAGS,
+                           size_categories=[size_category(len(infos))], viewer=False, logitreplay=fields)
+    url = f"hf://datasets/{repo_id}/archive"
+    body = f"""
+# {title}
+
+Sparse-attention indexer logits as top-k selection problems, in the logitreplay archive format (a zarr
+v3 group, one group of sharded arrays per case). Each case is one matrix exactly as a top-k kernel saw it: the in-range logits of each
+row, the row bounds, `top_k`, the source width and row stride, and its provenance.
+
+## Replay
+
+```bash
+logitreplay replay {url}
+```
+
+This streams only the cases it reads. To keep a local copy or hand a case to a kernel author:
+
+```bash
+logitreplay pull {repo_id} --out {repo_id.split('/')[-1]}      # pinned to the current commit
+logitreplay export {url} --case <id> --out cases/   # one .safetensors per case
+```
+
+## Selection contract
+
+{SELECTOR_SEMANTICS}
+
+## Cases
+
+{len(infos)} cases, {sum(case_row(i)['bytes'] for i in infos)} bytes of in-range logits.
+
+{_table([case_row(i) for i in infos])}
+
+## Provenance
+
+{_provenance_section(infos, fields)}
+
+## Citation
+
+```bibtex
+@misc{{{repo_id.replace('/', '_').replace('-', '_')},
+  title        = {{{title}}},
+  howpublished = {{Hugging Face dataset {repo_id}, commit <sha>}},
+  note         = {{Captured and packaged with logitreplay}}
+}}
+```
+"""
+    return DatasetCard(f"---\n{data.to_yaml()}\n---\n{body}")

@@ -1,0 +1,298 @@
+"""Sharing archives through the Hugging Face Hub: push, pull, and pinned `hf://` URLs for streaming.
+
+A pushed dataset repo holds the card (`README.md`) and the archive under `archive/`, repacked with zarr
+sharding: every array becomes one shard file (or a few, for arrays over `MAX_SHARD_BYTES`), so a case costs
+about a dozen files whatever its chunk count, and the repo stays inside the Hub's recommended limits
+(fewer than 100k files per repo, 10k entries per folder, files under 20 GB). It stays a plain zarr
+archive, so `Archive.open("hf://datasets/org/name/archive")` reads it in place: listing and attributes
+first, then only the byte ranges of the cases actually read.
+
+Every Hub location we record is pinned: `pin_url` resolves a branch or tag to its commit sha, so a report
+or a pulled copy names the exact bytes it used even after the repo moves on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+
+from logitreplay.archive import Archive, ArchiveError, _codecs
+from logitreplay.datasets.card import build_card
+
+ARCHIVE_DIR = "archive"
+# The Hub's repository recommendations: fewer than 100k files per repo and 10k entries per folder, files
+# under 20 GB (older guidance said 5 GB, hence the 4 GiB shard cap).
+HUB_MAX_FILES = 100_000
+HUB_MAX_FOLDER_ENTRIES = 10_000
+MAX_SHARD_BYTES = 4 << 30
+_CHUNK = 1 << 22  # elements per chunk, as the archive writes them
+_CASE_ARRAYS = ("values", "offsets", "row_starts", "row_ends", "reference_indices")
+_HF_URL = re.compile(r"^hf://(?P<type>datasets|models|spaces)/(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?(?P<path>/.*)?$")
+_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+
+@contextlib.contextmanager
+def hub_errors(what: str) -> Iterator[None]:
+    """Turn huggingface_hub's exceptions into one-line `ArchiveError`s that say what to do.
+
+    Messages are ours, never the server's text or request headers, so a token can never be printed.
+    """
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        yield
+    except OfflineModeIsEnabled:
+        raise ArchiveError(f"{what}: the Hub is unreachable in offline mode (HF_HUB_OFFLINE is set)") from None
+    except RevisionNotFoundError:
+        raise ArchiveError(f"{what}: revision not found") from None
+    except GatedRepoError:
+        raise ArchiveError(f"{what}: the repository is gated; request access on the Hub first") from None
+    except RepositoryNotFoundError:
+        raise ArchiveError(f"{what}: repository not found (or private and not visible with this token)") from None
+    except HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else None
+        if status == 401:
+            raise ArchiveError(f"{what}: the Hub rejected the token (HTTP 401); check HF_TOKEN or "
+                               "`hf auth login`") from None
+        if status == 403:
+            raise ArchiveError(f"{what}: the token lacks permission for this (HTTP 403)") from None
+        raise ArchiveError(f"{what}: the Hub answered HTTP {status}") from None
+    except LocalEntryNotFoundError:
+        raise ArchiveError(f"{what}: the Hub cannot be reached and nothing is cached") from None
+    except Exception as e:
+        # Transport failures (refused connection, timeout, DNS) come from the HTTP client's own types.
+        if isinstance(e, ConnectionError) or type(e).__module__.startswith(("httpx", "httpcore")):
+            raise ArchiveError(f"{what}: cannot reach the Hub ({type(e).__name__})") from None
+        raise
+
+
+# ------------------------------------------------------------------------------------ references
+
+
+def parse_ref(ref: str) -> tuple[str, str | None]:
+    """`org/name[@revision]` -> (repo_id, revision or None)."""
+    repo_id, _, revision = ref.partition("@")
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ArchiveError(f"{ref}: expected a dataset repo id ORG/NAME, optionally @REVISION")
+    return repo_id, revision or None
+
+
+def resolve_revision(repo_id: str, revision: str | None, repo_type: str = "dataset",
+                     token: str | None = None) -> str:
+    """The commit sha `revision` (default: main) points at now."""
+    from huggingface_hub import HfApi
+
+    where = f"{repo_type} {repo_id}" + (f"@{revision}" if revision else "")
+    with hub_errors(where):
+        sha = HfApi(token=token).repo_info(repo_id, repo_type=repo_type, revision=revision).sha
+    if sha is None:
+        raise ArchiveError(f"{where}: the Hub did not report a commit sha")
+    return sha
+
+
+def pin_url(url: str, token: str | None = None) -> str:
+    """`hf://datasets/org/name[@rev]/path` with `rev` replaced by the commit sha it resolves to now.
+
+    Reading through the pinned URL also keeps one archive read consistent if the repo is pushed to
+    meanwhile.
+    """
+    m = _HF_URL.match(url)
+    if m is None:
+        raise ArchiveError(f"{url}: expected hf://datasets/ORG/NAME[@REVISION]/PATH")
+    revision = unquote(m["rev"]) if m["rev"] else None
+    if revision is not None and _COMMIT_SHA.match(revision):
+        return url
+    sha = resolve_revision(m["repo"], revision, repo_type=m["type"][:-1], token=token)
+    return f"hf://{m['type']}/{m['repo']}@{sha}{m['path'] or ''}"
+
+
+# --------------------------------------------------------------------------------------- staging
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What `stage` wrote: the folder `upload_folder` sends, and the numbers the Hub's limits apply to."""
+
+    path: Path
+    cases: list[str]
+    skipped_incomplete: list[str]
+    files: int
+    largest_folder: tuple[str, int]
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "cases": self.cases, "skipped_incomplete": self.skipped_incomplete,
+                "files": self.files, "largest_folder": {"path": self.largest_folder[0],
+                                                        "entries": self.largest_folder[1]},
+                "bytes": self.bytes}
+
+
+def _chunks_and_shards(data: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Chunks as the archive writes them; shards holding as many whole chunks as fit `MAX_SHARD_BYTES`."""
+    if data.ndim == 2:
+        chunks: tuple[int, ...] = (max(1, min(data.shape[0], _CHUNK // max(1, data.shape[1]))), data.shape[1])
+    else:
+        chunks = (min(_CHUNK, max(1, data.shape[0])),)
+    if data.size == 0:
+        return chunks, None
+    chunk_bytes = math.prod(chunks) * data.itemsize
+    per_shard = max(1, min(math.ceil(data.shape[0] / chunks[0]), MAX_SHARD_BYTES // chunk_bytes))
+    return chunks, (chunks[0] * per_shard,) + chunks[1:]
+
+
+def _copy_case(archive: Archive, case_id: str, attrs: dict[str, Any], cases_group: Any) -> None:
+    """Rewrite one case into a sharded group: arrays first, its attributes (checksums and provenance
+    untouched), then `complete` last, exactly as the archive's own writer orders it."""
+    case = archive.read(case_id)  # verifies every checksum: a damaged case is never published
+    grp = cases_group.create_group(case_id)
+    for name in _CASE_ARRAYS:
+        data = getattr(case, name)
+        if data is None:
+            continue
+        chunks, shards = _chunks_and_shards(data)
+        arr = grp.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks, shards=shards,
+                               compressors=_codecs(), fill_value=0)
+        if data.size:
+            arr[...] = data
+    grp.attrs.update({k: v for k, v in attrs.items() if k != "complete"})
+    grp.attrs["complete"] = True
+
+
+def _count(folder: Path) -> tuple[int, tuple[str, int], int]:
+    files, size, largest = 0, 0, (".", 0)
+    for d in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+        entries = list(d.iterdir())
+        if len(entries) > largest[1]:
+            largest = (d.relative_to(folder).as_posix(), len(entries))
+        for e in entries:
+            if e.is_file():
+                files += 1
+                size += e.stat().st_size
+    return files, largest, size
+
+
+def stage(archive: Archive, repo_id: str, dest: Path, license: str = "cc-by-4.0") -> Staged:
+    """Write the exact folder a push uploads: the card and the sharded archive, within the Hub's limits."""
+    import zarr
+
+    if dest.exists() and any(dest.iterdir()):
+        raise ArchiveError(f"{dest}: staging folder exists and is not empty")
+    infos = archive.infos()
+    complete = [i for i in infos if i.complete]
+    if not complete:
+        raise ArchiveError(f"{archive.location}: no complete cases to push")
+    root = zarr.open_group(str(dest / ARCHIVE_DIR), mode="w-", zarr_format=3)
+    root.attrs.update(archive.attrs)
+    cases_group = root.require_group("cases")
+    for info in complete:
+        _copy_case(archive, info.case_id, info.attrs, cases_group)
+    staged = Archive.open(dest / ARCHIVE_DIR)
+    build_card(staged, repo_id, license=license).save(dest / "README.md")
+    files, largest, size = _count(dest)
+    if files >= HUB_MAX_FILES or largest[1] >= HUB_MAX_FOLDER_ENTRIES:
+        raise ArchiveError(f"{archive.location}: {len(complete)} cases make {files} files ({largest[1]} entries in "
+                           f"{largest[0]}), beyond the Hub's limits ({HUB_MAX_FILES} files, "
+                           f"{HUB_MAX_FOLDER_ENTRIES} per folder); split the archive")
+    return Staged(dest, [i.case_id for i in complete], [i.case_id for i in infos if not i.complete],
+                  files, largest, size)
+
+
+# ------------------------------------------------------------------------------------ push / pull
+
+
+@dataclass(frozen=True)
+class Pushed:
+    repo_id: str
+    commit: str
+    url: str  # the pinned hf:// URL of the archive, what `replay` and `inspect` take
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repo_id": self.repo_id, "commit": self.commit, "url": self.url}
+
+
+def hf_url(repo_id: str, sha: str) -> str:
+    return f"hf://datasets/{repo_id}@{sha}/{ARCHIVE_DIR}"
+
+
+def push(staged: Staged, repo_id: str, private: bool = False, token: str | None = None) -> Pushed:
+    """Create the dataset repo if needed and upload the staged folder as one logical update.
+
+    Files under `archive/` that the new archive no longer has are deleted in the same upload, so the repo
+    mirrors the archive; history keeps every earlier commit.
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    with hub_errors(f"dataset {repo_id}"):
+        api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+        info = api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=staged.path,
+                                 commit_message=f"logitreplay push: {len(staged.cases)} cases",
+                                 delete_patterns=[f"{ARCHIVE_DIR}/**"])
+    return Pushed(repo_id, info.oid, hf_url(repo_id, info.oid))
+
+
+@dataclass(frozen=True)
+class Pulled:
+    repo_id: str
+    revision: str
+    commit: str
+    path: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit,
+                "path": str(self.path), "archive": str(self.path / ARCHIVE_DIR)}
+
+
+SOURCE_FILE = ".logitreplay-source.json"
+
+
+def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token: str | None = None) -> Pulled:
+    """Download a dataset repo (or the cases matching `include`) at a pinned commit into `out`.
+
+    Everything, the client's bookkeeping included, is written under `out`: the download cache is pointed
+    inside it, and file names that would escape it are refused by the client. `include` patterns always
+    keep the archive's root metadata, so a partial pull still opens as an archive.
+    """
+    from huggingface_hub import snapshot_download
+
+    repo_id, revision = parse_ref(ref)
+    sha = resolve_revision(repo_id, revision, token=token)
+    target = (out if out is not None else Path("datasets") / "downloads" / repo_id).resolve()
+    patterns = None
+    if include:
+        patterns = [*include, "README.md", f"{ARCHIVE_DIR}/zarr.json", f"{ARCHIVE_DIR}/cases/zarr.json"]
+    with hub_errors(f"dataset {repo_id}@{revision or 'main'}"):
+        snapshot_download(repo_id, repo_type="dataset", revision=sha, local_dir=target,
+                          cache_dir=target / ".cache" / "huggingface" / "hub", allow_patterns=patterns,
+                          token=token)
+    pulled = Pulled(repo_id, revision or "main", sha, target)
+    (target / SOURCE_FILE).write_text(json.dumps({**pulled.to_json(), "url": hf_url(repo_id, sha)}, indent=1) + "\n")
+    return pulled
+
+
+def new_stage_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="logitreplay-push-"))
+
+
+__all__ = ["ARCHIVE_DIR", "Pulled", "Pushed", "Staged", "hub_errors", "parse_ref", "pin_url", "pull", "push",
+           "resolve_revision", "stage"]

@@ -1,0 +1,133 @@
+"""`logitreplay export | import | push | pull | card`: moving cases between archives, safetensors files and
+the Hugging Face Hub. Tokens come from the environment (`HF_TOKEN`) or `hf auth login`, never from the
+command line, where other users of the machine could read them."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import click
+
+from logitreplay.archive import Archive, ArchiveError
+from logitreplay.cli import user_errors
+from logitreplay.datasets import hub
+from logitreplay.datasets.card import build_card
+from logitreplay.datasets.export import export_case, read_file
+
+
+@click.command("export")
+@click.argument("location")
+@click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable; default: all).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory for the <case_id>.safetensors files.")
+@click.option("--fill", type=float, default=-math.inf, show_default="-inf",
+              help="Value of the cells outside each row's [start, end) (never data).")
+@click.option("--overwrite", is_flag=True, help="Replace existing files of the same name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the written files as JSON.")
+@user_errors
+def export_cmd(location: str, case_ids: tuple[str, ...], out: Path, fill: float, overwrite: bool,
+               as_json: bool) -> None:
+    """Write cases of an archive (directory, .zip or URL) as .safetensors files a kernel author loads with
+    `safetensors.torch.load_file` alone."""
+    archive = Archive.open(location)
+    known = archive.case_ids()
+    missing = [c for c in case_ids if c not in known]
+    if missing:
+        raise ArchiveError(f"case {missing[0]}: not in {location} (or incomplete)")
+    written = [str(export_case(archive.read(cid), out, fill, overwrite)) for cid in (case_ids or known)]
+    click.echo(json.dumps({"files": written}) if as_json else f"wrote {len(written)} files to {out}")
+
+
+@click.command("import")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Archive directory to write (created, or appended to).")
+@click.option("--top-k", type=click.IntRange(min=1), default=None,
+              help="top_k for files that record none (files from other tools).")
+@click.option("--json", "as_json", is_flag=True, help="Print the written case ids as JSON.")
+@user_errors
+def import_cmd(files: tuple[Path, ...], out: Path, top_k: int | None, as_json: bool) -> None:
+    """Turn .safetensors files (from `export`, or any with a 2-D `logits` and `row_ends`/`ke`) into cases."""
+    cases = [read_file(f, top_k) for f in files]  # every file is checked before anything is written
+    ids = [c.case_id for c in cases]
+    dup = next((i for i in ids if ids.count(i) > 1), None)
+    if dup is not None:
+        raise ArchiveError(f"case {dup}: given twice")
+    archive = Archive.create(out)
+    clash = next((i for i in ids if i in set(archive.case_ids()) | set(archive.incomplete())), None)
+    if clash is not None:
+        raise ArchiveError(f"case {clash}: already in {out}")
+    for case in cases:
+        archive.write(case)
+    click.echo(json.dumps({"archive": str(out), "cases": ids}) if as_json else f"imported {len(ids)} cases into {out}")
+
+
+@click.command("push")
+@click.argument("location")
+@click.argument("repo_id")
+@click.option("--private", is_flag=True, help="Create the dataset repo private (an existing repo keeps its setting).")
+@click.option("--dry-run", is_flag=True, help="Stage the exact folder that would be uploaded, print its path, "
+                                              "upload nothing.")
+@click.option("--stage", "stage_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Staging folder (must be empty or absent; default: a temporary folder).")
+@click.option("--license", "license_id", default="cc-by-4.0", show_default=True, help="License on the card.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def push_cmd(location: str, repo_id: str, private: bool, dry_run: bool, stage_dir: Path | None,
+             license_id: str, as_json: bool) -> None:
+    """Publish an archive as the Hub dataset REPO_ID (ORG/NAME): card + sharded archive, within the Hub's
+    file-count limits. Prints the pinned hf:// URL that `replay` and `inspect` read."""
+    hub.parse_ref(repo_id)
+    archive = Archive.open(location)
+    temporary = stage_dir is None
+    staged = hub.stage(archive, repo_id, stage_dir or hub.new_stage_dir(), license=license_id)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps({"dry_run": True, **staged.to_json()}))
+        else:
+            click.echo(f"staged {len(staged.cases)} cases, {staged.files} files, {staged.bytes} bytes "
+                       f"(largest folder {staged.largest_folder[0]}: {staged.largest_folder[1]} entries)")
+            click.echo(str(staged.path))
+        return
+    try:
+        pushed = hub.push(staged, repo_id, private=private)
+    finally:
+        if temporary:
+            shutil.rmtree(staged.path, ignore_errors=True)
+    click.echo(json.dumps(pushed.to_json()) if as_json else f"pushed {len(staged.cases)} cases: {pushed.url}")
+
+
+@click.command("pull")
+@click.argument("ref", metavar="REPO_ID[@REVISION]")
+@click.option("--include", multiple=True, help="Only files matching this glob (repeatable), e.g. "
+                                               "'archive/cases/layer3-*/**'; the archive's root metadata always comes.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Target folder (default: datasets/downloads/ORG/NAME).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def pull_cmd(ref: str, include: tuple[str, ...], out: Path | None, as_json: bool) -> None:
+    """Download a Hub dataset at a pinned commit; everything is written inside the target folder."""
+    pulled = hub.pull(ref, out, include)
+    if as_json:
+        click.echo(json.dumps(pulled.to_json()))
+    else:
+        click.echo(f"pulled {pulled.repo_id}@{pulled.revision} (commit {pulled.commit}) into {pulled.path}")
+
+
+@click.command("card")
+@click.argument("location")
+@click.argument("repo_id")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="README.md to write.")
+@click.option("--license", "license_id", default="cc-by-4.0", show_default=True, help="License on the card.")
+@user_errors
+def card_cmd(location: str, repo_id: str, out: Path, license_id: str) -> None:
+    """Write the dataset card `push` would publish for an archive (to keep a published card in git)."""
+    hub.parse_ref(repo_id)
+    build_card(Archive.open(location), repo_id, license=license_id).save(out)
+    click.echo(str(out))
+
+
+COMMANDS = (export_cmd, import_cmd, push_cmd, pull_cmd, card_cmd)
