@@ -34,6 +34,7 @@ from logitreplay.selectors.base import SelectorError
 
 SOURCE_DIR = Path(__file__).resolve().parent
 FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo")
+DEFAULT_NVCC = Path("/usr/local/cuda/bin/nvcc")
 # Compute capabilities from 9.0 on have architecture-specific (`a`) targets.
 _FIRST_ARCH_SPECIFIC = 9
 
@@ -61,7 +62,7 @@ def find_nvcc() -> Path:
     on_path = shutil.which("nvcc")
     if on_path:
         candidates.append(Path(on_path))
-    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    candidates.append(DEFAULT_NVCC)
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return c
