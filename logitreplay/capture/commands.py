@@ -1,0 +1,105 @@
+"""`logitreplay capture ...`: capture indexer logits from a real model run into an archive."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from logitreplay.capture.hooks import CaptureError
+from logitreplay.capture.policy import Policy, PolicyError
+from logitreplay.cli import user_errors
+
+
+@click.group("capture")
+def capture_group() -> None:
+    """Capture indexer logits from real model runs (transformers here; vLLM through its plugin)."""
+
+
+@capture_group.command("hf")
+@click.argument("model")
+@click.option("--revision", help="Branch, tag or commit of a hub model (the exact sha is recorded).")
+@click.option("--prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="UTF-8 text file; each non-empty line is one prompt (run as its own sequence).")
+@click.option("--random-tokens", type=click.IntRange(min=1), help="Run one sequence of N uniform random tokens.")
+@click.option("--context-len", type=click.IntRange(min=1), help="Cut every sequence to N tokens.")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Prefill chunk: each indexer call sees rows = chunk, cols = past + chunk.")
+@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cpu, cuda, cuda:1.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="Model weights dtype (auto: bfloat16 on CUDA, float32 on CPU).")
+@click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True)
+@click.option("--policy", "policy_items", multiple=True, metavar="SPEC",
+              help="Capture policy items, repeatable or comma-separated: every, single-request, layers=0-3+7, "
+                   "min-width=N, max-width=N, max-cases=N, max-bytes=2G. Default: first matrix per "
+                   "(layer, width).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random-tokens.")
+@click.option("--out", required=True, type=click.Path(file_okay=True, path_type=Path),
+              help="Archive directory (created, or appended to).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@user_errors
+def hf_cmd(model: str, revision: str | None, prompts: Path | None, random_tokens: int | None,
+           context_len: int | None, chunk_size: int, device: str, dtype: str, attn_implementation: str,
+           policy_items: tuple[str, ...], seed: int, out: Path, as_json: bool) -> None:
+    """Load MODEL (hub id or local directory) with transformers, prefill in chunks, capture its indexers."""
+    from logitreplay.capture.hf import HFRun, capture_hf
+
+    if (prompts is None) == (random_tokens is None):
+        raise click.UsageError("give exactly one of --prompts FILE or --random-tokens N")
+    try:
+        policy = Policy.parse(",".join(policy_items))
+        lines = () if prompts is None else tuple(
+            line for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip())
+        if prompts is not None and not lines:
+            raise CaptureError(f"{prompts}: no prompts (every line is empty)")
+        run = HFRun(model=model, out=out, revision=revision, prompts=lines, random_tokens=random_tokens,
+                    context_len=context_len, chunk_size=chunk_size, device=device, dtype=dtype,
+                    attn_implementation=attn_implementation, policy=policy, seed=seed)
+        summary = _with_progress(run, capture_hf, quiet=as_json)
+    except (CaptureError, PolicyError, UnicodeDecodeError) as e:
+        raise click.ClickException(" ".join(str(e).split())) from None
+    except RuntimeError as e:  # torch: unknown or unavailable device
+        if "device" not in str(e).lower():
+            raise
+        raise click.ClickException(f"device {device!r}: {' '.join(str(e).split())[:200]}") from None
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary)
+    if summary.get("error"):
+        raise click.ClickException(f"capture stopped early: {summary['error']}")
+
+
+def _with_progress(run: Any, fn: Callable[..., dict[str, Any]], quiet: bool) -> dict[str, Any]:
+    if quiet or not sys.stderr.isatty():
+        return fn(run)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("prefill", total=None)
+        return fn(run, lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"captured {s['captured']} cases ({s['bytes'] / 2**20:.1f} MiB of logits) -> {s['archive']}")
+    table.add_column("layer")
+    table.add_column("widths (columns)")
+    for name, widths in s["widths"].items():
+        table.add_row(name, ", ".join(map(str, widths)))
+    console = Console()
+    console.print(table)
+    console.print(f"model {s['model']} @ {s['revision'] or '(local, no revision)'}: {s['sequences']} sequence(s), "
+                  f"{s['tokens']} tokens, chunk {s['chunk_size']}, {s['device']}, {s['seconds']:.1f} s")
+    for kind in ("dropped", "skipped"):
+        if s[kind]:
+            console.print(f"{kind}: " + ", ".join(f"{k}={v}" for k, v in s[kind].items()))
+
+
+__all__ = ["capture_group"]

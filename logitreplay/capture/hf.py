@@ -1,0 +1,155 @@
+"""Capture from a transformers model: load with `from_pretrained`, prefill in chunks, keep the indexer logits.
+
+Prefill runs in chunks through the model's own cache, as a server's chunked prefill does, so each indexer
+call sees rows = the chunk's tokens and columns = past + chunk: the shapes production selectors face,
+rather than one square matrix.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from logitreplay.capture.hooks import CaptureError, IndexerCapture
+from logitreplay.capture.policy import Policy, Selection
+from logitreplay.capture.writer import CaptureWriter
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SNAPSHOT = re.compile(r"[\\/]snapshots[\\/]([0-9a-f]{40})(?:[\\/]|$)")
+
+
+@dataclass(frozen=True)
+class HFRun:
+    """What to run: `random_tokens` (one sequence of that many uniform token ids) or `prompts` (each its
+    own sequence), every sequence cut to `context_len` tokens when given."""
+
+    model: str
+    out: Path
+    revision: str | None = None
+    prompts: tuple[str, ...] = ()
+    random_tokens: int | None = None
+    context_len: int | None = None
+    chunk_size: int = 2048
+    device: str = "cpu"
+    dtype: str = "auto"
+    attn_implementation: str = "sdpa"
+    policy: Policy = Policy()
+    seed: int = 0
+
+
+def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Load the model, prefill every sequence in chunks with capture hooks attached; returns the summary.
+
+    `progress(done_tokens, total_tokens)` is called after each chunk.
+    """
+    try:
+        import transformers
+        from transformers import AutoModelForCausalLM, DynamicCache
+    except ImportError as e:
+        raise CaptureError(f"capture hf needs transformers (pip install 'logitreplay[hf]'): {e}") from None
+    if run.chunk_size < 1:
+        raise CaptureError(f"chunk size must be >= 1, got {run.chunk_size}")
+    device = torch.device(run.device)
+    dtype = _DTYPES.get(run.dtype) if run.dtype != "auto" else (torch.bfloat16 if device.type == "cuda"
+                                                                 else torch.float32)
+    if dtype is None:
+        raise CaptureError(f"dtype {run.dtype!r}: expected auto, {', '.join(_DTYPES)}")
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(run.model, revision=run.revision, dtype=dtype,
+                                                     attn_implementation=run.attn_implementation)
+    except (OSError, ValueError) as e:
+        raise CaptureError(f"{run.model}: cannot load ({' '.join(str(e).split())[:300]})") from None
+    model.to(device).eval()
+    sequences = _sequences(run, model.config.vocab_size)
+    if not sequences or all(len(s) == 0 for s in sequences):
+        raise CaptureError("nothing to run: every prompt is empty")
+
+    provenance = model_provenance(run.model, run.revision, getattr(model.config, "_commit_hash", None))
+    provenance.update({"engine": "transformers", "engine_version": transformers.__version__,
+                       "torch_version": torch.__version__, "model_dtype": str(dtype).removeprefix("torch."),
+                       "attn_implementation": run.attn_implementation})
+    writer = CaptureWriter(run.out, Selection(run.policy))
+    capture = IndexerCapture(writer, provenance)
+    started = time.perf_counter()
+    try:
+        capture.attach(model)
+        cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        total = sum(len(s) for s in sequences)
+        done = 0
+        with torch.inference_mode():
+            for seq_index, ids in enumerate(sequences):
+                cache = DynamicCache(config=model.config)
+                for start in range(0, len(ids), run.chunk_size):
+                    end = min(start + run.chunk_size, len(ids))
+                    capture.chunk = {"sequence": seq_index, "token_start": start, "token_end": end}
+                    model(input_ids=ids[start:end][None].to(device), use_cache=True, logits_to_keep=1,
+                          **{cache_arg: cache})
+                    done += end - start
+                    if progress:
+                        progress(done, total)
+                if capture.error:  # capture turned itself off: no point running the rest
+                    break
+    finally:
+        summary = capture.close()
+    summary.update({"model": provenance["model"], "revision": provenance["revision"],
+                    "sequences": len(sequences), "tokens": sum(len(s) for s in sequences),
+                    "chunk_size": run.chunk_size, "device": str(device), "seconds": time.perf_counter() - started})
+    return summary
+
+
+def model_provenance(model: str, requested: str | None, commit: str | None) -> dict[str, Any]:
+    """Model id (or absolute local path) and the exact revision sha.
+
+    transformers records the commit it loaded from (`config._commit_hash`); when it did not (older
+    versions, some offline loads), the sha is read from the hub cache snapshot the files resolve to,
+    without touching the network. A local directory has no revision: it is recorded as a path.
+    """
+    local = Path(model).is_dir()
+    sha = commit if commit and re.fullmatch(r"[0-9a-f]{40}", commit) else None
+    if sha is None and not local:
+        sha = cached_revision(model, requested)
+    return {"model": str(Path(model).resolve()) if local else model, "model_source": "local" if local else "hub",
+            "revision": sha, "revision_requested": requested}
+
+
+def cached_revision(repo_id: str, revision: str | None) -> str | None:
+    """The commit sha of the hub-cache snapshot holding `repo_id`'s config at `revision`, or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except Exception:
+        return None
+    m = _SNAPSHOT.search(os.fspath(path)) if isinstance(path, str | os.PathLike) else None
+    return m.group(1) if m else None
+
+
+def _sequences(run: HFRun, vocab_size: int) -> list[torch.Tensor]:
+    if (run.random_tokens is None) == (not run.prompts):
+        raise CaptureError("give exactly one of prompts or random tokens")
+    if run.random_tokens is not None:
+        g = torch.Generator().manual_seed(run.seed)
+        seqs = [torch.randint(0, vocab_size, (run.random_tokens,), generator=g)]
+    else:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(run.model, revision=run.revision)
+        except (OSError, ValueError) as e:
+            raise CaptureError(f"{run.model}: no usable tokenizer for --prompts ({' '.join(str(e).split())[:200]})"
+                               ) from None
+        seqs = [torch.tensor(tok(p)["input_ids"], dtype=torch.long) for p in run.prompts]
+    if run.context_len is not None:
+        seqs = [s[:run.context_len] for s in seqs]
+    return seqs
+
+
+__all__ = ["HFRun", "capture_hf", "cached_revision", "model_provenance"]

@@ -1,0 +1,285 @@
+"""Module hooks that capture the score matrix an indexer module feeds to its top-k.
+
+An indexer module (transformers' `DeepseekV32Indexer`, `GlmMoeDsaIndexer`, or any module a user names)
+computes a float32 score matrix [B, S, T] inside its forward and returns `topk(scores).indices`. The
+matrix itself is a local variable, so it is intercepted at the one place it is visible: the call to top-k.
+
+Cost is the design constraint. An active `TorchFunctionMode` costs ~0.25 ms per indexer call (every torch
+call inside the module goes through Python), so it is never entered speculatively: a forward pre-hook
+looks only at input shapes and asks the policy whether it wants this call; only then is the mode entered,
+and a forward hook registered with `always_call=True` exits it (also when the forward raised). A call the
+policy does not want costs one pre-hook (a few microseconds of Python, no device work); a detached
+capture costs nothing.
+
+Row bounds come from the mask argument: boolean (sdpa: True = attend) or additive float (eager: 0 = attend,
+a large negative or -inf = masked). Each row's attended columns must be one contiguous range [start, end)
+(causal, with left padding giving non-zero starts); fully masked rows (padding queries) become empty
+rows [0, 0). The indices the module's top-k returned are kept as `reference_indices` in our semantics:
+relative to start, int32. When a row is shorter than top_k the module's own top-k still returns k indices,
+the surplus pointing at masked cells; those are mapped faithfully to -1 and moved to the tail.
+
+Any error on this path is logged once and disables the capture; it never reaches the model's forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+from logitreplay.capture.writer import CaptureWriter
+
+log = logging.getLogger("logitreplay.capture")
+
+# transformers >= 5.11: `model.layers.N.self_attn.indexer`
+INDEXER_CLASSES = ("DeepseekV32Indexer", "GlmMoeDsaIndexer")
+_TOPK = (torch.topk, torch.Tensor.topk)
+
+
+class CaptureError(ValueError):
+    """The capture cannot be set up (no indexer found, a module without a mask argument, ...)."""
+
+
+class _LayoutError(RuntimeError):
+    """A tensor did not look like an indexer's score matrix or mask (disables the capture)."""
+
+
+@dataclass(frozen=True)
+class _Site:
+    name: str
+    layer_index: int
+    mask_arg: int  # position of `attention_mask` among the forward's positional arguments
+    top_k: int | None  # the module's configured top-k (`index_topk`), when it has one
+
+
+class _TopkRecorder(TorchFunctionMode):
+    """Active only inside one wanted indexer forward: remembers the first top-k over the last dimension
+    of a matrix of the expected [B, S, T] shape, and the indices it returned."""
+
+    def __init__(self, shape: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.shape = shape
+        self.scores: torch.Tensor | None = None
+        self.indices: torch.Tensor | None = None
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.scores is None and func in _TOPK and args and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+            largest = kwargs.get("largest", args[3] if len(args) > 3 else True)
+            if tuple(x.shape) == self.shape and dim in (-1, 2) and largest:
+                self.scores, self.indices = x, out[1]
+        return out
+
+
+class IndexerCapture:
+    """Hooks on indexer modules that hand each wanted score matrix to a `CaptureWriter`.
+
+    `provenance` is merged into every case's attributes (model, revision, engine, ...); `chunk` is set by
+    the driver before each forward (token range of the chunk) and recorded with the cases it produces.
+    """
+
+    def __init__(self, writer: CaptureWriter, provenance: dict[str, Any] | None = None) -> None:
+        self.writer = writer
+        self.selection = writer.selection
+        self.provenance = dict(provenance or {})
+        self.chunk: dict[str, Any] = {}
+        self.enabled = True
+        self.error: str | None = None
+        self.sites: list[_Site] = []
+        self._handles: list[Any] = []
+        self._active: tuple[_Site, _TopkRecorder, torch.Tensor] | None = None
+        self._device_names: dict[str, str] = {}
+
+    def attach(self, model: torch.nn.Module, pattern: str | None = None,
+               classes: Sequence[str] = INDEXER_CLASSES) -> list[str]:
+        """Hook every module whose class name is in `classes` or whose qualified name fully matches the
+        regular expression `pattern`; returns their names. Raises `CaptureError` when none matches."""
+        rx = re.compile(pattern) if pattern else None
+        for order, (name, module) in enumerate(model.named_modules()):
+            if type(module).__name__ not in classes and not (rx and rx.fullmatch(name)):
+                continue
+            site = _Site(name, _layer_index(name, module, order), _mask_position(name, module),
+                         _int_or_none(getattr(module, "index_topk", None)))
+            self._handles.append(module.register_forward_pre_hook(
+                lambda m, a, k, s=site: self._pre(s, a, k), with_kwargs=True))
+            self._handles.append(module.register_forward_hook(
+                lambda m, a, k, o, s=site: self._post(s, o), with_kwargs=True, always_call=True))
+            self.sites.append(site)
+        if not self.sites:
+            what = f"class in {', '.join(classes)}" + (f" or name matching {pattern!r}" if pattern else "")
+            raise CaptureError(f"no indexer module found ({what})")
+        return [s.name for s in self.sites]
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._exit_active()
+
+    def close(self) -> dict[str, Any]:
+        """Detach, flush the writer, write the run summary; returns it."""
+        self.detach()
+        summary = self.writer.close()
+        if self.error and not summary.get("error"):
+            summary["error"] = self.error
+        return summary
+
+    # -- hooks (run inside the model's forward: never raise)
+
+    def _pre(self, site: _Site, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self.enabled or self._active is not None:
+            return
+        try:
+            if self.writer.failed:
+                self._fail(f"writer stopped: {self.writer.error}")
+                return
+            mask = args[site.mask_arg] if len(args) > site.mask_arg else kwargs.get("attention_mask")
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if not isinstance(mask, torch.Tensor) or not isinstance(hidden, torch.Tensor):
+                raise _LayoutError(f"{site.name}: forward got no attention_mask / hidden_states tensor")
+            if not self.selection.wants(site.layer_index, int(mask.shape[-1])):
+                return
+            recorder = _TopkRecorder((int(hidden.shape[0]), int(hidden.shape[1]), int(mask.shape[-1])))
+            recorder.__enter__()
+            self._active = (site, recorder, mask)
+        except Exception as e:
+            self._fail(f"{type(e).__name__}: {e}")
+
+    def _post(self, site: _Site, output: Any) -> None:
+        active = self._active
+        if active is None or active[0] is not site:
+            return
+        self._exit_active()
+        if output is None:  # the forward raised; its exception propagates, nothing to keep
+            return
+        try:
+            _, recorder, mask = active
+            if recorder.scores is None or recorder.indices is None:
+                raise _LayoutError(f"{site.name}: no top-k over a {recorder.shape} score matrix in its forward")
+            self._keep(site, recorder.scores, recorder.indices, mask)
+        except Exception as e:
+            self._fail(f"{type(e).__name__}: {e}")
+
+    def _keep(self, site: _Site, scores: torch.Tensor, indices: torch.Tensor, mask: torch.Tensor) -> None:
+        if scores.dtype not in (torch.float32, torch.bfloat16):
+            raise _LayoutError(f"{site.name}: score matrix is {scores.dtype}, expected float32 or bfloat16")
+        b, s, t = scores.shape
+        starts, ends, starts_h, ends_h = row_bounds(mask, (b, s, t), site.name)
+        matrix = scores.reshape(b * s, t)
+        top_k = site.top_k or int(indices.shape[-1])
+        reference = relative_indices(indices.reshape(b * s, -1), starts, ends, top_k)
+        attrs = {
+            **self.provenance,
+            "layer_name": site.name,
+            "layer_index": site.layer_index,
+            "index_source": "input of the indexer module's top-k",
+            "reference_source": "the module's top-k indices; picks outside [start, end) mapped to -1",
+            "chunk": {"requests": b, **self.chunk},
+            "device": self._device_name(scores.device),
+        }
+        self.writer.submit(matrix, starts, ends, starts_h, ends_h, reference, top_k=top_k, row_stride=t,
+                           layer_index=site.layer_index, layer_name=site.name,
+                           single_request=b == 1 and not starts_h.any(), attrs=attrs)
+
+    def _exit_active(self) -> None:
+        if self._active is not None:
+            recorder = self._active[1]
+            self._active = None
+            try:
+                recorder.__exit__(None, None, None)
+            except Exception as e:
+                self._fail(f"leaving the top-k recorder: {e}")
+
+    def _fail(self, message: str) -> None:
+        self.enabled = False
+        self._exit_active()
+        if self.error is None:
+            self.error = message
+            log.error("logitreplay capture disabled: %s", message)
+
+    def _device_name(self, device: torch.device) -> str:
+        key = str(device)
+        if key not in self._device_names:
+            self._device_names[key] = torch.cuda.get_device_name(device) if device.type == "cuda" else key
+        return self._device_names[key]
+
+
+def row_bounds(mask: torch.Tensor, shape: tuple[int, int, int], where: str
+               ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+    """Per-row [start, end) of the attended columns of a [B, S, T] mask (broadcastable), on the mask's
+    device and on the host (one small device-to-host copy). Raises `_LayoutError` for a row whose
+    attended columns are not one contiguous range."""
+    b, s, t = shape
+    if mask.dtype == torch.bool:
+        valid = mask
+    elif mask.is_floating_point():
+        valid = mask > torch.finfo(mask.dtype).min / 2
+    else:
+        raise _LayoutError(f"{where}: attention mask of dtype {mask.dtype}, expected bool or float")
+    if mask.dim() == 4 and mask.shape[1] == 1:
+        valid = valid[:, 0]
+    try:
+        valid = valid.expand(b, s, t).reshape(b * s, t)
+    except RuntimeError:
+        raise _LayoutError(f"{where}: attention mask {tuple(mask.shape)} does not match scores {shape}") from None
+    counts = valid.sum(-1)
+    as_int = valid.to(torch.uint8)
+    starts = as_int.argmax(-1)
+    ends = t - as_int.flip(-1).argmax(-1)
+    empty = counts == 0
+    starts = starts.masked_fill(empty, 0)
+    ends = ends.masked_fill(empty, 0)
+    host = torch.stack([starts, ends, counts]).cpu().numpy()
+    broken = np.nonzero(host[1] - host[0] != host[2])[0]
+    if broken.size:
+        raise _LayoutError(f"{where}: row {int(broken[0])} attends to a non-contiguous set of columns")
+    return starts, ends, host[0], host[1]
+
+
+def relative_indices(indices: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int
+                     ) -> torch.Tensor:
+    """Absolute column indices (rows, k) -> our semantics: relative to start, int32, in-range picks
+    first (in their original order), -1 for picks outside [start, end), padded with -1 to `top_k`."""
+    idx = indices.to(torch.int64)
+    lo, hi = starts[:, None].to(idx.device), ends[:, None].to(idx.device)
+    inside = (idx >= lo) & (idx < hi)
+    rel = torch.where(inside, idx - lo, torch.full_like(idx, -1))
+    order = torch.argsort((~inside).to(torch.uint8), dim=1, stable=True)
+    rel = rel.gather(1, order)
+    if rel.shape[1] < top_k:
+        rel = torch.nn.functional.pad(rel, (0, top_k - rel.shape[1]), value=-1)
+    return rel[:, :top_k].to(torch.int32)
+
+
+def _mask_position(name: str, module: torch.nn.Module) -> int:
+    params = list(inspect.signature(module.forward).parameters)
+    if "attention_mask" not in params:
+        raise CaptureError(f"{name} ({type(module).__name__}): forward has no 'attention_mask' argument; "
+                           "cannot derive row bounds")
+    return params.index("attention_mask")
+
+
+def _layer_index(name: str, module: torch.nn.Module, order: int) -> int:
+    idx = getattr(module, "layer_idx", None)
+    if isinstance(idx, int):
+        return idx
+    m = re.search(r"(?:^|\.)(\d+)(?:\.|$)", name)
+    return int(m.group(1)) if m else order
+
+
+def _int_or_none(x: Any) -> int | None:
+    return int(x) if isinstance(x, int) and x > 0 else None
+
+
+__all__ = ["INDEXER_CLASSES", "CaptureError", "IndexerCapture", "relative_indices", "row_bounds"]

@@ -1,0 +1,173 @@
+"""Which indexer matrices a capture keeps.
+
+A model run produces one score matrix per indexer layer per forward: far more than anyone replays, and
+mostly the same shape over and over. The default keeps the *first eligible matrix per (layer, column
+width)*, which covers every layer at every context length that occurred while writing each shape once.
+
+The policy is split in two on purpose: `wants` answers from shapes alone (layer, width) so that the
+capture hooks can refuse a call before doing any work, and `admit` decides once the row bounds and the
+exact byte size are known. Decisions are counted, never raised: the model must not notice a capture.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class PolicyError(ValueError):
+    """A capture policy specification that cannot be understood (one line, names the bad item)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What to capture. `layers` None means every layer; a budget of None means unlimited."""
+
+    every_call: bool = False
+    layers: frozenset[int] | None = None
+    min_width: int = 0
+    max_width: int | None = None
+    single_request_only: bool = False
+    max_cases: int | None = None
+    max_bytes: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Policy:
+        """Parse `every,layers=0-3+7,min-width=1024,max-width=65536,single-request,max-cases=20,max-bytes=2G`.
+
+        Items are comma-separated and all optional; an empty spec is the default policy. The same string
+        configures the CLI (`--policy`) and the vLLM plugin (`LOGITREPLAY_CAPTURE_POLICY`).
+        """
+        opts: dict[str, Any] = {}
+        for raw in spec.split(","):
+            item = raw.strip()
+            if not item:
+                continue
+            key, sep, value = (s.strip() for s in item.partition("="))
+            key = key.lower().replace("_", "-")
+            if key in ("every", "every-call", "first") and not sep:
+                opts["every_call"] = key != "first"
+            elif key == "single-request" and not sep:
+                opts["single_request_only"] = True
+            elif key == "layers" and sep:
+                opts["layers"] = _parse_layers(value)
+            elif key in ("min-width", "max-width", "max-cases") and sep:
+                opts[key.replace("-", "_")] = _parse_int(key, value)
+            elif key == "max-bytes" and sep:
+                opts["max_bytes"] = parse_size(value)
+            else:
+                raise PolicyError(f"capture policy item {item!r}: unknown; expected every, first, "
+                                  "single-request, layers=A-B+C, min-width=N, max-width=N, max-cases=N, "
+                                  "max-bytes=SIZE")
+        policy = cls(**opts)
+        if policy.max_width is not None and policy.max_width < policy.min_width:
+            raise PolicyError(f"capture policy: max-width={policy.max_width} < min-width={policy.min_width}")
+        return policy
+
+    def describe(self) -> dict[str, Any]:
+        """JSON form, recorded in every case's provenance so a dataset says how it was sampled."""
+        return {
+            "mode": "every_call" if self.every_call else "first_per_layer_width",
+            "layers": sorted(self.layers) if self.layers is not None else None,
+            "min_width": self.min_width,
+            "max_width": self.max_width,
+            "single_request_only": self.single_request_only,
+            "max_cases": self.max_cases,
+            "max_bytes": self.max_bytes,
+        }
+
+
+@dataclass
+class Selection:
+    """The running state of one policy in one process: what was taken and why the rest was not.
+
+    `skipped` counts matrices the policy did not want after looking at them (e.g. a multi-request chunk
+    under single-request-only); `dropped` counts matrices it wanted but could not keep (budget, full
+    queue, writer failure). Matrices refused from their shape alone are not counted: there are too many.
+    """
+
+    policy: Policy
+    taken: set[tuple[int, int]] = field(default_factory=set)
+    cases: int = 0
+    nbytes: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def exhausted(self) -> bool:
+        p = self.policy
+        return ((p.max_cases is not None and self.cases >= p.max_cases)
+                or (p.max_bytes is not None and self.nbytes >= p.max_bytes))
+
+    def wants(self, layer: int, width: int) -> bool:
+        """Shape-only decision, cheap enough to run on every indexer call."""
+        p = self.policy
+        if width < p.min_width or (p.max_width is not None and width > p.max_width):
+            return False
+        if p.layers is not None and layer not in p.layers:
+            return False
+        if not p.every_call and (layer, width) in self.taken:
+            return False
+        return not self.exhausted()
+
+    def admit(self, layer: int, width: int, nbytes: int, single_request: bool) -> bool:
+        """Final decision once bounds are known; counts the reason when the answer is no."""
+        if self.policy.single_request_only and not single_request:
+            self.count(self.skipped, "multi_request")
+            return False
+        if self.policy.max_bytes is not None and self.nbytes + nbytes > self.policy.max_bytes:
+            self.count(self.dropped, "over_byte_budget")
+            return False
+        if self.exhausted():
+            self.count(self.dropped, "over_case_budget")
+            return False
+        return True
+
+    def record(self, layer: int, width: int, nbytes: int) -> None:
+        """A matrix was handed to the writer: it now counts against the budgets and its shape is done."""
+        self.taken.add((layer, width))
+        self.cases += 1
+        self.nbytes += nbytes
+
+    @staticmethod
+    def count(counter: dict[str, int], reason: str) -> None:
+        counter[reason] = counter.get(reason, 0) + 1
+
+
+def parse_size(text: str) -> int:
+    """`2G`, `512MiB`, `1000000` -> bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise PolicyError(f"capture policy: size {text!r}: expected a number with an optional K/M/G/T unit")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _parse_int(key: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise PolicyError(f"capture policy: {key}={value!r}: expected an integer") from None
+    if n < 0:
+        raise PolicyError(f"capture policy: {key}={value!r}: must be >= 0")
+    return n
+
+
+def _parse_layers(value: str) -> frozenset[int]:
+    layers: set[int] = set()
+    for part in value.split("+"):
+        lo, dash, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if dash else a
+        except ValueError:
+            raise PolicyError(f"capture policy: layers={value!r}: expected indices like 0-3+7") from None
+        if b < a or a < 0:
+            raise PolicyError(f"capture policy: layers={value!r}: bad range {part!r}")
+        layers.update(range(a, b + 1))
+    return frozenset(layers)
+
+
+__all__ = ["Policy", "PolicyError", "Selection", "parse_size"]

@@ -1,0 +1,246 @@
+"""vLLM serving plugin: capture the logits that vLLM's sparse-attention indexer hands to its prefill top-k.
+
+vLLM loads every `vllm.general_plugins` entry point in each of its processes (API server, engine core,
+every worker). `register` does nothing unless `LOGITREPLAY_CAPTURE_DIR` is set; then it wraps
+`vllm._custom_ops.top_k_per_row_prefill` and, for builds whose indexer calls the op directly,
+`torch.ops._C.top_k_per_row_prefill`. The wrapper first runs the production kernel, then, if the policy
+wants the matrix, stages a copy of it:
+
+- only each row's `[ks, ke)`: vLLM computes the logits with `clean_logits=False`, so everything outside
+  the bounds is uninitialized memory and not data;
+- ks/ke, the row stride (DeepGEMM pads rows), the indices the production kernel wrote (before any
+  context-parallel merge rewrites them), the layer name (the indexer's `k_cache_prefix`, read from the
+  calling frame), the chunk's token range and its number of requests (distinct ks values);
+- never while a CUDA graph is being captured (the copy would be baked into the graph), and by default on
+  tensor-parallel rank 0 only (the indexer is replicated across TP ranks, so other ranks hold the same data).
+
+Environment:
+  LOGITREPLAY_CAPTURE_DIR            archive directory (created or appended to); unset = plugin off
+  LOGITREPLAY_CAPTURE_POLICY         policy spec, as `capture hf --policy` (default: first per layer, width)
+  LOGITREPLAY_CAPTURE_RANKS          `0` (default), `all`, or TP ranks like `0+1`
+  LOGITREPLAY_CAPTURE_PENDING_BYTES  device bytes staged but not yet written before dropping (default 4G)
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+
+from logitreplay.capture.policy import Policy, Selection, parse_size
+from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
+
+log = logging.getLogger("logitreplay.capture")
+
+ENV_DIR = "LOGITREPLAY_CAPTURE_DIR"
+ENV_POLICY = "LOGITREPLAY_CAPTURE_POLICY"
+ENV_RANKS = "LOGITREPLAY_CAPTURE_RANKS"
+ENV_PENDING = "LOGITREPLAY_CAPTURE_PENDING_BYTES"
+OP_NAME = "top_k_per_row_prefill"
+_LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+_active: VllmCapture | None = None
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point. Never raises: a broken capture must not stop a server."""
+    directory = os.environ.get(ENV_DIR)
+    if not directory or _active is not None:
+        return
+    try:
+        import vllm
+        import vllm._custom_ops as ops
+
+        ranks_spec = os.environ.get(ENV_RANKS, "0").strip().lower()
+        capture = VllmCapture(
+            directory,
+            Policy.parse(os.environ.get(ENV_POLICY, "")),
+            ranks=None if ranks_spec == "all" else {int(r) for r in ranks_spec.split("+")},
+            max_pending_bytes=parse_size(os.environ.get(ENV_PENDING, str(DEFAULT_MAX_PENDING_BYTES))),
+            provenance={"engine": "vllm", "engine_version": getattr(vllm, "__version__", None)},
+        )
+        capture.install(ops, torch.ops._C)
+        atexit.register(capture.close)
+    except Exception as e:
+        log.error("logitreplay capture not enabled: %s: %s", type(e).__name__, e)
+
+
+class VllmCapture:
+    """The wrapper state of one process: policy selection, a lazily created writer, the patched targets."""
+
+    def __init__(self, directory: str | os.PathLike[str], policy: Policy, *, ranks: set[int] | None = None,
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 provenance: dict[str, Any] | None = None) -> None:
+        self.directory = directory
+        self.selection = Selection(policy)
+        self.ranks = ranks
+        self.max_pending_bytes = max_pending_bytes
+        self.provenance = dict(provenance or {})
+        self.writer: CaptureWriter | None = None
+        self.enabled = True
+        self.error: str | None = None
+        self._rank: tuple[int, int] | None = None  # (tensor-parallel rank, global rank), known at first call
+        self._inside = threading.local()
+        self._patched: list[tuple[Any, Any]] = []  # (target object, original attribute)
+
+    def install(self, *targets: Any) -> int:
+        """Wrap `top_k_per_row_prefill` on each target that has it (a module or a `torch.ops` namespace);
+        returns how many were wrapped. Called through both, a call is captured once."""
+        global _active
+        for target in targets:
+            try:
+                original = getattr(target, OP_NAME)
+            except (AttributeError, RuntimeError):
+                continue
+            setattr(target, OP_NAME, self.wrap(original))
+            self._patched.append((target, original))
+        if not self._patched:
+            raise RuntimeError(f"no {OP_NAME} found to wrap")
+        _active = self
+        return len(self._patched)
+
+    def uninstall(self) -> None:
+        global _active
+        for target, original in reversed(self._patched):
+            setattr(target, OP_NAME, original)
+        self._patched.clear()
+        if _active is self:
+            _active = None
+
+    def close(self) -> dict[str, Any] | None:
+        """Flush and write the run summary (also registered with atexit in a vLLM process)."""
+        return self.writer.close() if self.writer is not None else None
+
+    def wrap(self, original: Callable[..., Any]) -> Callable[..., None]:
+        @functools.wraps(original)
+        def top_k_per_row_prefill(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                                  indices: torch.Tensor, num_rows: int, stride0: int, stride1: int,
+                                  top_k: int) -> None:
+            if getattr(self._inside, "active", False):  # the outer wrapper of this same call captures
+                original(logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k)
+                return
+            self._inside.active = True
+            try:
+                original(logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k)
+            finally:
+                self._inside.active = False
+            if self.enabled:
+                self._after(logits, row_starts, row_ends, indices, int(num_rows), int(stride0), int(stride1),
+                            int(top_k))
+
+        return top_k_per_row_prefill
+
+    def _after(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+               indices: torch.Tensor, rows: int, stride0: int, stride1: int, top_k: int) -> None:
+        try:
+            if logits.is_cuda and torch.cuda.is_current_stream_capturing():
+                return
+            if not self._rank_wanted():
+                return
+            layer_name, chunk = _caller_facts(sys._getframe(2))
+            m = _LAYER.search(layer_name)
+            layer_index = int(m.group(1)) if m else -1
+            cols = int(logits.shape[1])
+            if not self.selection.wants(layer_index, cols):
+                return
+            if stride1 != 1 or logits.stride(1) != 1 or logits.stride(0) != stride0:
+                raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
+                                   f"stride0={stride0}, stride1={stride1}")
+            starts, ends = row_starts[:rows], row_ends[:rows]
+            host = torch.stack([starts.to(torch.int64), ends.to(torch.int64)]).cpu().numpy()
+            bad = np.nonzero((host[0] < 0) | (host[1] < host[0]) | (host[1] > cols))[0]
+            if bad.size:
+                r = int(bad[0])
+                raise RuntimeError(f"row {r}: bounds [{host[0][r]}, {host[1][r]}) outside {cols} columns")
+            if self.writer is None:
+                self.writer = CaptureWriter(self.directory, self.selection, rank=self._global_rank(),
+                                            max_pending_bytes=self.max_pending_bytes)
+            attrs = {
+                **self.provenance,
+                **_model_facts(),
+                "layer_name": layer_name,
+                "layer_index": layer_index,
+                "index_source": f"input of vLLM {OP_NAME}",
+                "reference_source": f"indices written by vLLM {OP_NAME}",
+                "tp_rank": self._tp_rank(),
+                "chunk": {"requests": len(np.unique(host[0])), **chunk},
+                "device": torch.cuda.get_device_name(logits.device) if logits.is_cuda else str(logits.device),
+            }
+            self.writer.submit(logits[:rows], starts, ends, host[0], host[1], indices[:rows, :top_k],
+                               top_k=top_k, row_stride=stride0, layer_index=layer_index, layer_name=layer_name,
+                               single_request=not host[0].any(), attrs=attrs)
+            if self.writer.failed:
+                self._fail(f"writer stopped: {self.writer.error}")
+        except Exception as e:  # never into the model: log once and stop capturing
+            self._fail(f"{type(e).__name__}: {e}")
+
+    def _fail(self, message: str) -> None:
+        self.enabled = False
+        if self.error is None:
+            self.error = message
+            log.error("logitreplay capture disabled: %s", message)
+
+    def _rank_wanted(self) -> bool:
+        return self.ranks is None or self._tp_rank() in self.ranks
+
+    def _tp_rank(self) -> int:
+        return self._ranks()[0]
+
+    def _global_rank(self) -> int:
+        return self._ranks()[1]
+
+    def _ranks(self) -> tuple[int, int]:
+        if self._rank is None:
+            dist = torch.distributed
+            global_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            try:
+                from vllm.distributed import get_tensor_model_parallel_rank
+
+                tp_rank = int(get_tensor_model_parallel_rank())
+            except Exception:
+                tp_rank = global_rank
+            self._rank = (tp_rank, global_rank)
+        return self._rank
+
+
+def _caller_facts(frame: FrameType | None, depth: int = 6) -> tuple[str, dict[str, Any]]:
+    """The layer name and chunk facts from vLLM's indexer function that called the op (a few frames up):
+    its `k_cache_prefix` local names the layer's indexer cache, its `chunk` local the prefill chunk."""
+    for _ in range(depth):
+        if frame is None:
+            break
+        local = frame.f_locals
+        if "k_cache_prefix" in local:
+            chunk = local.get("chunk")
+            facts = {k: int(v) for k in ("token_start", "token_end")
+                     if isinstance(v := getattr(chunk, k, None), int)}
+            return str(local["k_cache_prefix"]), facts
+        frame = frame.f_back
+    return "unknown", {}
+
+
+@functools.cache
+def _model_facts() -> dict[str, Any]:
+    """Model id and exact revision from the engine's config, when this process has one."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        mc = get_current_vllm_config().model_config
+        model, revision = str(mc.model), getattr(mc, "revision", None)
+    except Exception:
+        return {}
+    from logitreplay.capture.hf import model_provenance
+
+    return model_provenance(model, revision, None)
+
+
+__all__ = ["ENV_DIR", "ENV_PENDING", "ENV_POLICY", "ENV_RANKS", "VllmCapture", "register"]
