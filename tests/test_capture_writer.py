@@ -1,0 +1,162 @@
+"""Capture writer: cases land complete and exact, drops are counted instead of blocking, errors never
+escape into the model, the run summary is its own file, and a killed capture leaves readable cases."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from logitreplay.archive import Archive
+from logitreplay.capture.policy import Policy, Selection
+from logitreplay.capture.writer import CaptureWriter
+
+
+def _matrix(rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, cols, generator=g)
+    starts = torch.randint(0, cols // 2, (rows,), generator=g)
+    ends = starts + torch.randint(0, cols // 2 + 1, (rows,), generator=g)
+    return logits, starts, ends
+
+
+def _submit(writer: CaptureWriter, logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+            layer: int = 0) -> bool:
+    ref = torch.full((logits.shape[0], 4), -1, dtype=torch.int32)
+    return writer.submit(logits, starts, ends, starts.numpy(), ends.numpy(), ref, top_k=4,
+                         row_stride=logits.shape[1], layer_index=layer, layer_name=f"layers.{layer}.indexer",
+                         single_request=False, attrs={"model": "unit"})
+
+
+def test_cases_are_written_exactly_with_provenance_and_summary(tmp_path: Path) -> None:
+    out = tmp_path / "cap.zarr"
+    writer = CaptureWriter(out, Selection(Policy.parse("every")), rank=3)
+    root_before = (out / "zarr.json").read_text()
+    logits, starts, ends = _matrix(8, 64)
+    assert _submit(writer, logits, starts, ends)
+    second = _matrix(4, 32, seed=1)
+    assert _submit(writer, *second, layer=1)
+    summary = writer.close()
+
+    archive = Archive.open(out)
+    assert len(archive.case_ids()) == 2 and not archive.incomplete()
+    case = archive.read(archive.case_ids()[0])
+    assert case.case_id.startswith(f"r3-p{os.getpid()}-")
+    assert case.cols == 64 and case.row_stride == 64 and case.top_k == 4
+    for r in range(8):
+        assert torch.equal(case.row(r), logits[r, int(starts[r]):int(ends[r])])
+    assert case.attrs["model"] == "unit" and case.attrs["rank"] == 3
+    assert case.attrs["capture_policy"]["mode"] == "every_call" and "created" in case.attrs
+
+    assert (out / "zarr.json").read_text() == root_before  # shared root attributes never rewritten
+    on_disk = json.loads((out / f"capture-summary-r3-p{os.getpid()}.json").read_text())
+    assert on_disk["captured"] == summary["captured"] == 2
+    assert on_disk["bytes"] == 4 * int((ends - starts).sum() + (second[2] - second[1]).sum())
+    assert on_disk["widths"] == {"layers.0.indexer": [64], "layers.1.indexer": [32]}
+    assert on_disk["dropped"] == {} and on_disk["error"] is None
+
+
+def test_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
+    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")), max_pending=1)
+    entered, release = threading.Event(), threading.Event()
+    real_write = writer.archive.write
+
+    def slow_write(case, overwrite=False):  # type: ignore[no-untyped-def]
+        entered.set()
+        release.wait(10)
+        real_write(case, overwrite)
+
+    writer.archive.write = slow_write  # type: ignore[method-assign]
+    m = _matrix(4, 16)
+    assert _submit(writer, *m)  # taken by the writer thread, which now blocks in write
+    assert entered.wait(10)
+    assert _submit(writer, *m)  # waits in the queue (capacity 1)
+    t0 = time.perf_counter()
+    assert not _submit(writer, *m)  # queue full: dropped at once
+    assert time.perf_counter() - t0 < 5
+    release.set()
+    summary = writer.close()
+    assert summary["captured"] == 2 and summary["dropped"] == {"queue_full": 1}
+
+
+def test_pending_byte_limit_drops(tmp_path: Path) -> None:
+    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")), max_pending_bytes=16)
+    logits = torch.randn(2, 64)
+    assert not _submit(writer, logits, torch.tensor([0, 0]), torch.tensor([64, 64]))
+    assert writer.close()["dropped"] == {"queue_full": 1}
+
+
+def test_write_error_is_logged_once_and_turns_capture_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")))
+
+    def full_disk(case, overwrite=False):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    writer.archive.write = full_disk  # type: ignore[method-assign]
+    m = _matrix(4, 16)
+    with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
+        assert _submit(writer, *m)
+        deadline = time.monotonic() + 10
+        while not writer.failed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _submit(writer, *m)  # the writer is off: later matrices are dropped, nothing raises
+        summary = writer.close()
+    assert "No space left on device" in summary["error"]
+    assert summary["captured"] == 0 and summary["dropped"] == {"writer_error": 1, "writer_off": 1}
+    assert len([r for r in caplog.records if "capture disabled" in r.getMessage()]) == 1
+
+
+def test_writer_refuses_a_directory_that_is_not_an_archive(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(Exception, match="not an archive"):
+        CaptureWriter(tmp_path, Selection(Policy()))
+
+
+_CHILD = textwrap.dedent("""
+    import sys, time, torch
+    from logitreplay.capture.policy import Policy, Selection
+    from logitreplay.capture.writer import CaptureWriter
+    writer = CaptureWriter(sys.argv[1], Selection(Policy.parse("every")))
+    logits = torch.randn(512, 2048)
+    starts = torch.zeros(512, dtype=torch.int64)
+    ends = torch.full((512,), 2048)
+    ref = torch.zeros(512, 8, dtype=torch.int32)
+    i = 0
+    while True:
+        writer.submit(logits + i, starts, ends, starts.numpy(), ends.numpy(), ref, top_k=8, row_stride=2048,
+                      layer_index=i % 3, layer_name="x", single_request=True, attrs={})
+        i += 1
+        print(writer.captured, flush=True)
+        time.sleep(0.002)
+""")
+
+
+def test_killed_capture_leaves_every_completed_case_readable(tmp_path: Path) -> None:
+    out = tmp_path / "cap.zarr"
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if int(line) >= 3:
+                break
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    archive = Archive.open(out)
+    ids = archive.case_ids()
+    assert len(ids) >= 3
+    for cid in ids:  # complete means every array is there and its checksum matches
+        case = archive.read(cid)
+        assert case.rows == 512 and np.isfinite(case.values).all()
+    assert set(archive.incomplete()).isdisjoint(ids)
