@@ -37,7 +37,7 @@ namespace cg = cooperative_groups;
 // Chosen per (dtype, top_k class) from bench/deepselect_tune.py on an H200 (results in bench/RESULTS.md).
 // Each can be overridden at build time (-DLR_DS_THREADS=... etc.) for that sweep, for every class at once.
 //   kThreads  threads per block (one block per row)
-//   kVecs     16-byte loads per thread per round (fp32: 4 elements each, bf16: 8)
+//   kElems    elements per thread per round (kVecs 16-byte loads: 4 fp32 or 8 bf16 elements each)
 //   kB2       candidates appended since the last compaction that trigger the next one
 //   kBlocks   blocks per multiprocessor the register budget is sized for (__launch_bounds__)
 template <typename T, int K_MAX>
@@ -47,11 +47,12 @@ struct Config {
 #else
   static constexpr int kThreads = K_MAX >= 4096 ? 512 : 256;
 #endif
-#ifdef LR_DS_VECS
-  static constexpr int kVecs = LR_DS_VECS;
+#ifdef LR_DS_ELEMS
+  static constexpr int kElems = LR_DS_ELEMS;
 #else
-  static constexpr int kVecs = sizeof(T) == 4 ? 4 : 2;  // 16 elements per thread per round either way
+  static constexpr int kElems = 16;
 #endif
+  static constexpr int kVecs = kElems * static_cast<int>(sizeof(T)) / 16;
 #ifdef LR_DS_B2
   static constexpr int kB2 = LR_DS_B2;
 #else

@@ -1,0 +1,278 @@
+"""Sweep the DeepSelect kernel's tunables on a GPU, verify every variant, and time them.
+
+Each variant is `deepselect.cu` built with some of its compile-time overrides (`-DLR_DS_THREADS=...`,
+`LR_DS_ELEMS`, `LR_DS_B2`, `LR_DS_BLOCKS`; see the Config comment in the source). For every variant:
+1. correctness: every case of the stress suite (small scale) through the replay checks 1-4, a graph
+   replayed after its row ends changed in place (check 5), and the NaN status flag;
+2. timing: the seed-controls shapes at full scale (fp32 and bf16, values drawn on the GPU with the
+   recipe's bounds and distribution), CUDA graph, cold L2, alternating rounds, together with the bundled
+   native kernel and the upstream DeepSelect times measured the same way (the targets of the issue).
+The last thing printed is one table: median microseconds per case and variant, and ratios.
+
+    python bench/deepselect_tune.py                     # default variant set
+    python bench/deepselect_tune.py --variants default,b2_2048 --json results.json
+    python bench/deepselect_tune.py --prebuilt DIR      # reuse libraries built by --build-only DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from logitreplay.datasets import synth
+from logitreplay.replay import verify
+from logitreplay.replay.timing import TimingProtocol
+from logitreplay.selectors.cuda import build
+
+VARIANTS: dict[str, dict[str, int]] = {
+    "default": {},
+    "b2_512": {"LR_DS_B2": 512},
+    "b2_2048": {"LR_DS_B2": 2048},
+    "b2_4096": {"LR_DS_B2": 4096},
+    "elems8": {"LR_DS_ELEMS": 8},
+    "elems32": {"LR_DS_ELEMS": 32, "LR_DS_BLOCKS": 2},
+    "t512": {"LR_DS_THREADS": 512, "LR_DS_BLOCKS": 2},
+    "blocks2": {"LR_DS_BLOCKS": 2},
+}
+
+# Upstream DeepSelect on an H200 (cold L2, CUDA graph), microseconds: (fp32, bf16), keyed by
+# (distribution, cols, rows, top_k).
+UPSTREAM = {
+    ("normal", 4096, 8192, 512): (213.2, 100.2),
+    ("normal", 8192, 8192, 512): (261.4, 123.4),
+    ("normal", 25600, 2048, 512): (167.0, 87.5),
+    ("normal", 51200, 2048, 512): (243.1, 121.6),
+    ("normal", 102400, 1310, 512): (208.6, 117.2),
+    ("normal+100", 8192, 8192, 512): (283.2, 122.1),
+    ("normal*1e-8", 8192, 8192, 512): (260.3, 122.9),
+    ("normal", 65536, 4096, 2048): (1057.2, 505.6),
+}
+
+_P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+
+
+def build_variant(name: str, defines: dict[str, int], arch: str, out_dir: Path) -> Path:
+    tc = build.toolchain()
+    lib = out_dir / f"deepselect-{name}-{arch}.so"
+    cmd = [str(tc.nvcc), *build.FLAGS, build.gencode(arch), *(f"-D{k}={v}" for k, v in defines.items()),
+           "-o", str(lib), str(build.SOURCE_DIR / "deepselect.cu")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"variant {name}: nvcc failed:\n{proc.stderr[-2000:]}")
+    return lib
+
+
+def build_all(names: list[str], arch: str, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor() as pool:
+        futures = {n: pool.submit(build_variant, n, VARIANTS[n], arch, out_dir) for n in names}
+        return {n: f.result() for n, f in futures.items()}
+
+
+class Kernel:
+    """One built library of the C ABI of common.cuh, callable on torch tensors."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.lib = ctypes.CDLL(str(path))
+        self.topk = getattr(self.lib, f"lr_{name}_topk")
+        self.topk.argtypes = [_P, _I, _LL, _P, _P, _I, _I, _P, _LL, _P, _LL, _P]
+        self.topk.restype = _I
+        self.workspace = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+
+    def launcher(self, logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int,
+                 out: torch.Tensor):
+        dtype = 0 if logits.dtype == torch.float32 else 1
+        args = (logits.data_ptr(), dtype, logits.stride(0), starts.data_ptr(), ends.data_ptr(), logits.shape[0],
+                top_k, out.data_ptr(), out.stride(0), self.workspace.data_ptr(), self.workspace.numel())
+
+        def launch() -> None:
+            rc = self.topk(*args, torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"launch returned {rc}")
+
+        return launch
+
+    def nan_flag(self) -> int:
+        return int(self.workspace[:4].view(torch.int32).item())
+
+
+def check_case(kernel: Kernel, case, failures: list[str]) -> None:
+    logits = case.padded(device="cuda")
+    starts = torch.from_numpy(case.row_starts).cuda()
+    ends = torch.from_numpy(case.row_ends).cuda()
+    out = verify.OutputBuffer(case.rows, case.top_k, "cuda")
+    kernel.launcher(logits, starts, ends, case.top_k, out.view)()
+    expected = verify.expected_values(logits, starts, ends, case.top_k)
+    failures += [str(f) for f in verify.check_output(case, logits, starts, ends, out, expected)]
+
+
+def check_graph_bounds_change(kernel: Kernel, case, failures: list[str]) -> None:
+    """Capture once, change the row bounds in place, replay: the replay must see the new bounds."""
+    logits = case.padded(device="cuda")
+    starts = torch.from_numpy(case.row_starts).cuda()
+    ends = torch.from_numpy(case.row_ends).cuda()
+    out = verify.OutputBuffer(case.rows, case.top_k, "cuda")
+    launch = kernel.launcher(logits, starts, ends, case.top_k, out.view)
+    launch()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    lengths = ends - starts
+    ends.sub_((torch.rand(lengths.shape, device="cuda", generator=gen) * lengths).to(torch.int32))
+    # The new bounds must still be valid cells of the case: poison what left the bounds as well.
+    col = torch.arange(logits.shape[1], device="cuda")
+    inside = (col >= starts[:, None]) & (col < ends[:, None])
+    logits.masked_fill_(~inside, 1e30)
+    out.reset()
+    graph.replay()
+    expected = verify.expected_values(logits, starts, ends, case.top_k)
+    failures += ["graph replay after a bounds change: " + str(f)
+                 for f in verify.check_output(case, logits, starts, ends, out, expected)]
+
+
+def check_nan(kernel: Kernel, failures: list[str]) -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(8, 3000, device="cuda").to(dtype)
+        logits[5, 2000] = float("nan")
+        starts = torch.zeros(8, dtype=torch.int32, device="cuda")
+        ends = torch.full((8,), 3000, dtype=torch.int32, device="cuda")
+        out = torch.empty(8, 512, dtype=torch.int32, device="cuda")
+        kernel.workspace.zero_()
+        kernel.launcher(logits, starts, ends, 512, out)()
+        torch.cuda.synchronize()
+        if kernel.nan_flag() != 1:
+            failures.append(f"NaN in a {dtype} row not reported (status {kernel.nan_flag()})")
+        kernel.workspace.zero_()
+        ends[5] = 1999  # the NaN is now outside its row
+        kernel.launcher(logits, starts, ends, 512, out)()
+        torch.cuda.synchronize()
+        if kernel.nan_flag() != 0:
+            failures.append(f"NaN outside the bounds reported for {dtype}")
+
+
+def correctness(kernel: Kernel) -> list[str]:
+    failures: list[str] = []
+    cases = list(synth.suite("stress", "small"))
+    for case in cases:
+        check_case(kernel, case, failures)
+    check_graph_bounds_change(kernel, next(c for c in cases if "chunk" in c.case_id), failures)
+    check_nan(kernel, failures)
+    return failures
+
+
+def control_matrix(recipe: synth.Recipe, dtype: torch.dtype):
+    """The recipe's bounds with values drawn on the GPU (same distribution family as the suite)."""
+    starts, ends = synth.bounds(recipe)
+    gen = torch.Generator(device="cuda").manual_seed(recipe.seed)
+    x = torch.randn(recipe.rows, recipe.cols, device="cuda", generator=gen)
+    if recipe.distribution == "normal+100":
+        x += 100
+    elif recipe.distribution == "normal*1e-8":
+        x *= 1e-8
+    s = torch.from_numpy(starts).cuda()
+    e = torch.from_numpy(ends).cuda()
+    col = torch.arange(recipe.cols, device="cuda")
+    x.masked_fill_((col < s[:, None]) | (col >= e[:, None]), 1e30)
+    return x.to(dtype), s, e
+
+
+def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingProtocol,
+            failures: list[str]) -> list[dict]:
+    from logitreplay.replay.timing_cuda import time_launches_cuda
+
+    rows = []
+    for recipe in synth.recipes("seed-controls", "full"):
+        for dtype in (torch.float32, torch.bfloat16):
+            logits, s, e = control_matrix(recipe, dtype)
+            outs = {}
+            launches = {}
+            for name, k in [*kernels.items(), *([("native", native)] if native else [])]:
+                outs[name] = verify.OutputBuffer(recipe.rows, recipe.top_k, "cuda")
+                launches[name] = k.launcher(logits, s, e, recipe.top_k, outs[name].view)
+            t = time_launches_cuda(launches, torch.device("cuda"), protocol)
+            # Verify the deepselect variants on this full-scale case too (checks 1-4).
+            expected = verify.expected_values(logits, s, e, recipe.top_k)
+            label = SimpleNamespace(case_id=f"{recipe.case_id}-{'bf16' if dtype == torch.bfloat16 else 'fp32'}")
+            for name in kernels:
+                failures += [f"{name}: {f}" for f in verify.check_output(label, logits, s, e, outs[name], expected)]
+            key = (recipe.distribution, recipe.cols, recipe.rows, recipe.top_k)
+            up = UPSTREAM.get(key)
+            rows.append({"case": recipe.case_id, "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
+                         "upstream": None if up is None else up[dtype == torch.bfloat16],
+                         **{n: t[n].median_us for n in t}})
+            del logits
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--prebuilt", type=Path, help="folder of libraries from --build-only")
+    ap.add_argument("--build-only", type=Path, help="build the variants into this folder and exit")
+    ap.add_argument("--arch", default=None, help="target architecture (default: the current device's)")
+    ap.add_argument("--json", type=Path, help="write every number here")
+    ap.add_argument("--skip-timing", action="store_true")
+    args = ap.parse_args()
+    names = args.variants.split(",")
+    arch = args.arch or build.device_arch()
+    t0 = time.time()
+    if args.build_only:
+        build_all(names, arch, args.build_only)
+        print(f"built {len(names)} variants for {arch} in {time.time() - t0:.0f} s")
+        return 0
+    libs = {}
+    if args.prebuilt:
+        try:
+            libs = {n: args.prebuilt / f"deepselect-{n}-{arch}.so" for n in names}
+            for p in libs.values():
+                ctypes.CDLL(str(p))
+        except OSError as e:
+            print(f"prebuilt libraries unusable here ({e}); building")
+            libs = {}
+    if not libs:
+        libs = build_all(names, arch, Path("/tmp/deepselect-variants"))
+    print(f"libraries ready in {time.time() - t0:.0f} s", flush=True)
+    kernels = {n: Kernel(p, "deepselect") for n, p in libs.items()}
+    native = Kernel(build.build("native", arch), "native")
+
+    report: dict = {"device": torch.cuda.get_device_name(), "variants": {n: VARIANTS[n] for n in names}}
+    all_failures: dict[str, list[str]] = {}
+    for n, k in kernels.items():
+        all_failures[n] = correctness(k)
+        print(f"correctness {n}: {'ok' if not all_failures[n] else all_failures[n][:5]}", flush=True)
+    report["correctness"] = all_failures
+    if not args.skip_timing:
+        tfail: list[str] = []
+        protocol = TimingProtocol(warmup=5, rounds=2, samples_per_round=5)
+        rows = timings(kernels, native, protocol, tfail)
+        report["timings"] = rows
+        report["full_scale_failures"] = tfail
+        if tfail:
+            print("full-scale failures:", tfail[:10])
+        head = ["case", "dtype", "upstream", "native", *names]
+        print("\nmedian us (H200 cold L2, graph); last column: best variant / upstream")
+        print(" ".join(f"{h[:12]:>12}" for h in head) + "  best/up")
+        for r in rows:
+            best = min(r[n] for n in names)
+            ratio = f"{best / r['upstream']:.2f}" if r["upstream"] else "-"
+            cells = [r["case"][-12:], r["dtype"]] + [
+                "-" if r.get(h) is None else f"{r[h]:.1f}" for h in head[2:]]
+            print(" ".join(f"{c:>12}" for c in cells) + f"  {ratio}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 1 if any(all_failures.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

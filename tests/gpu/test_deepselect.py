@@ -1,0 +1,113 @@
+"""The DeepSelect kernel on a real GPU, beyond the checks every bundled kernel gets (test_gpu_kernels.py):
+every stress shape in both dtypes, each top_k class and its edges, rows around top_k, starts that are not
+16-byte aligned, inputs whose order defeats a sequential scan, heavy ties and infinities, strided
+outputs, and a graph replayed after the bounds change. Correctness is DESIGN checks 1-5: the selected
+values' multiset equals torch.topk's, nothing outside the output view is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from logitreplay.archive import Case
+from logitreplay.datasets import synth
+from logitreplay.replay.engine import Prepared
+from logitreplay.replay.graph_check import graph_replay_check
+from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values
+from logitreplay.selectors.cuda.kernels import DeepSelectCuda
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+DEVICE = torch.device("cuda")
+
+
+def _verify(case: Case) -> list[Failure]:
+    """Checks 1-4 on one launch into a strided, sentinel-padded output, then check 5."""
+    sel = DeepSelectCuda()
+    assert sel.supports(case, DEVICE) is None
+    logits = case.padded(device=DEVICE)
+    starts = torch.from_numpy(case.row_starts).to(DEVICE)
+    ends = torch.from_numpy(case.row_ends).to(DEVICE)
+    out = OutputBuffer(case.rows, case.top_k, DEVICE)
+    launch = sel.prepare(logits, starts, ends, case.top_k, out.view)
+    launch()
+    torch.cuda.synchronize()
+    failures = check_output(case, logits, starts, ends, out, expected_values(logits, starts, ends, case.top_k))
+    return failures or graph_replay_check(Prepared(case, sel, launch, out, logits, starts, ends))
+
+
+def _as_bf16(case: Case) -> Case:
+    return Case.from_rows(case.case_id + "-asbf16", case.torch_values().to(torch.bfloat16), case.row_starts,
+                          case.row_ends, top_k=case.top_k, cols=case.cols, row_stride=case.row_stride)
+
+
+def _rows(name: str, values: np.ndarray, starts, ends, top_k: int, cols: int, stride: int | None = None,
+          bf16: bool = False) -> Case:
+    tv = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    return Case.from_rows(name, tv.to(torch.bfloat16) if bf16 else tv, np.asarray(starts, np.int32),
+                          np.asarray(ends, np.int32), top_k=top_k, cols=cols, row_stride=stride)
+
+
+STRESS = synth.recipes("stress", "small")
+
+
+@pytest.mark.parametrize("recipe", STRESS, ids=lambda r: r.case_id)
+@pytest.mark.parametrize("dtype", ["as-recorded", "bf16"])
+def test_stress_shape(recipe: synth.Recipe, dtype: str) -> None:
+    case = synth.generate(recipe)
+    if dtype == "bf16" and case.dtype != "bfloat16":
+        case = _as_bf16(case)
+    assert _verify(case) == []
+
+
+@pytest.mark.parametrize("top_k", [1, 7, 256, 511, 512, 513, 1024, 1025, 2048, 2049, 4096])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_top_k_classes_and_row_lengths_around_k(top_k: int, bf16: bool) -> None:
+    """Every compile-time class (512, 1024, 2048, 4096) at and past its edges; rows of length 0, 1,
+    k - 1, k, k + 1 and much longer, with starts that are not 16-byte aligned."""
+    rng = np.random.default_rng(top_k)
+    cols = 6 * top_k + 5000
+    lengths = np.array([0, 1, top_k - 1, top_k, top_k + 1, 2 * top_k + 3, cols - 40, cols - 3])
+    starts = np.array([0, 5, 3, 1, 2, 7, 37, 3])
+    ends = starts + np.maximum(lengths, 0)
+    values = rng.standard_normal(int((ends - starts).sum())).astype(np.float32)
+    case = _rows(f"k{top_k}", values, starts, ends, top_k, cols, stride=cols + 3, bf16=bf16)
+    assert _verify(case) == []
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending", "constant", "two-values", "infinities"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_adversarial_value_orders(order: str, bf16: bool) -> None:
+    """Sorted rows would let every element in under a sequential scan; the visit order must not care.
+    Constant rows and +-inf make the k-th value tie with most of the row."""
+    rows, cols, top_k = 16, 40000, 512
+    n = rows * cols
+    ramp = np.tile(np.arange(cols, dtype=np.float32), rows)
+    values = {
+        "ascending": ramp,
+        "descending": -ramp,
+        "constant": np.full(n, 3.5, np.float32),
+        "two-values": np.where(np.arange(n) % 3 == 0, 1.0, -1.0).astype(np.float32),
+        "infinities": np.where(np.arange(n) % 5 == 0, np.inf, -np.inf).astype(np.float32),
+    }[order]
+    case = _rows(order, values, np.zeros(rows), np.full(rows, cols), top_k, cols, bf16=bf16)
+    assert _verify(case) == []
+
+
+def test_nan_inside_rows_is_reported_in_every_path() -> None:
+    """A NaN in a short row (all indices), in the first round, and after the threshold rose."""
+    cols, top_k = 50000, 512
+    values = np.random.default_rng(1).standard_normal(3 * cols).astype(np.float32)
+    for pos in (100, 40000):  # second row: early; third row: deep into the pass
+        v = values.copy()
+        v[cols + pos] = np.nan
+        v[2 * cols + pos] = -np.nan
+        case = _rows("nan", v, [0, 0, 0], [300, cols, cols], top_k, cols)
+        logits = case.padded(device=DEVICE)
+        starts, ends = (torch.from_numpy(a).to(DEVICE) for a in (case.row_starts, case.row_ends))
+        out = torch.empty((case.rows, top_k), dtype=torch.int32, device=DEVICE)
+        launch = DeepSelectCuda().prepare(logits, starts, ends, top_k, out)
+        launch()
+        assert launch.nan_seen()
+        assert int(out[1:].min()) >= 0 and int(out[1:].max()) < cols
