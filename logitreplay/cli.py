@@ -43,9 +43,10 @@ def _register() -> None:
     from logitreplay.capture.commands import capture_group
     from logitreplay.datasets.commands import inspect_cmd, synth_cmd
     from logitreplay.datasets.share_commands import COMMANDS as SHARE_COMMANDS
+    from logitreplay.replay.commands import replay_cmd
     from logitreplay.selectors.cuda.commands import build_kernels_cmd
 
-    for cmd in (synth_cmd, inspect_cmd, capture_group, build_kernels_cmd, *SHARE_COMMANDS):
+    for cmd in (synth_cmd, inspect_cmd, capture_group, replay_cmd, build_kernels_cmd, *SHARE_COMMANDS):
         main.add_command(cmd)
 
 

@@ -34,6 +34,7 @@ _NATIVE_PASSES = 4  # one fp16 pass, then fp32 bits 31-21, 20-10, 9-0
 DEEPSELECT_BLOCK = 512
 DEEPSELECT_SLACK = 1024
 _CHUNK_CELLS = 1 << 22
+_NO_KEY = -(2**31)  # below every key: marks cells that are not candidates
 _GOLDEN = 0x9E3779B1  # Fibonacci hashing constant: the pseudo-random block order
 
 
@@ -57,16 +58,17 @@ class DeepSelectWork:
 
 
 def f32_key(x: torch.Tensor) -> torch.Tensor:
-    """Order-preserving uint32 key of float32 values, as int64 (larger value -> larger key)."""
-    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return torch.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits + 0x80000000)
+    """Order-preserving key of float32 values as a signed int32 (larger value -> larger key): the sign
+    bit flips the other 31 bits of negatives. The kernels' uint32 key is this plus 2^31."""
+    bits = x.contiguous().view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
 def f16_bin(x: torch.Tensor) -> torch.Tensor:
     """The 11-bit bin of native's first pass: top 11 bits of the order-preserving key of fp16(x)."""
-    bits = x.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
-    key = torch.where(bits >= 0x8000, 0xFFFF - bits, bits + 0x8000)
-    return key >> 5
+    bits = x.to(torch.float16).view(torch.int16).to(torch.int32)
+    key = bits ^ ((bits >> 15) & 0x7FFF)  # signed order key in [-2^15, 2^15)
+    return (key >> 5) + 1024
 
 
 def _valid_mask(starts: torch.Tensor, ends: torch.Tensor, cols: int) -> torch.Tensor:
@@ -80,9 +82,9 @@ def _chunks(rows: int, cols: int) -> list[tuple[int, int]]:
 
 
 def _top_positions(score: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Column positions of each row's `top_k` highest scores (rows narrower than k padded with -1)."""
+    """Column positions of each row's `top_k` highest scores (rows narrower than k padded with no-keys)."""
     if score.shape[1] < top_k:
-        score = torch.cat([score, score.new_full((score.shape[0], top_k - score.shape[1]), -1)], dim=1)
+        score = torch.cat([score, score.new_full((score.shape[0], top_k - score.shape[1]), _NO_KEY)], dim=1)
     return torch.topk(score, top_k, dim=1).indices
 
 
@@ -112,7 +114,7 @@ def _native_bins(x: torch.Tensor, key: torch.Tensor, step: int) -> tuple[torch.T
     if step == 0:
         return f16_bin(x), NATIVE_BINS
     if step == 1:
-        return key >> 21, NATIVE_BINS
+        return (key >> 21) + 1024, NATIVE_BINS  # bits 31-21 of the uint32 key
     if step == 2:
         return (key >> 10) & 0x7FF, NATIVE_BINS
     return key & 0x3FF, 1024
@@ -135,7 +137,7 @@ def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
         if not bool(active.any()):
             break
         b, nbins = _native_bins(x, key, step)
-        slot = torch.where(cand & active.unsqueeze(1), b, nbins)  # bin nbins collects the non-candidates
+        slot = torch.where(cand & active.unsqueeze(1), b, nbins).to(torch.int64)  # bin nbins: the rest
         hist = torch.zeros((n, nbins + 1), dtype=torch.int64).scatter_add_(1, slot, torch.ones_like(slot))
         hist = hist[:, :nbins]
         at_or_above = hist.flip(1).cumsum(1).flip(1)
@@ -151,10 +153,9 @@ def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
         done = active & ((in_bin <= NATIVE_FINAL_ITEMS) | (step == _NATIVE_PASSES - 1))
         final = torch.where(done, in_bin, final)
         active &= ~done
-    # Emitted elements rank above the threshold bin's; within the bin the finishing sort takes the
-    # `remaining` largest. Everything else is out.
-    finishing = cand & ~emitted
-    score = torch.where(emitted, key + (1 << 33), torch.where(finishing, key, -1))
+    # Bins are ordered like values, so every emitted element outranks the threshold bin, whose finishing
+    # sort takes the `remaining` largest: one top-k over emitted and threshold-bin keys is that result.
+    score = torch.where(emitted | cand, key, _NO_KEY)
     return _with_tails(_top_positions(score, top_k) - starts.unsqueeze(1), need), passes, final
 
 
@@ -188,10 +189,10 @@ def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
     key = f32_key(x)
     lengths = ends - starts
     need = torch.clamp(lengths, max=top_k)
-    buf_key = torch.full((n, cap + 1), -1, dtype=torch.int64)  # column `cap` absorbs rejected writes
+    buf_key = torch.full((n, cap + 1), _NO_KEY, dtype=torch.int32)  # column `cap` absorbs rejected writes
     buf_idx = torch.zeros((n, cap + 1), dtype=torch.int64)
     count = torch.zeros(n, dtype=torch.int64)
-    threshold = torch.full((n,), -1, dtype=torch.int64)  # -inf: every key is >= 0
+    threshold = torch.full((n,), _NO_KEY, dtype=torch.int32)  # -inf: below every key
     compactions = torch.zeros(n, dtype=torch.int64)
     appended = torch.zeros(n, dtype=torch.int64)
     lane = torch.arange(block, dtype=torch.int64).unsqueeze(0)
@@ -202,7 +203,7 @@ def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
         k = key.gather(1, (starts.unsqueeze(1) + rel).clamp(max=max(cols - 1, 0)))
         take = inside & (k > threshold.unsqueeze(1))
         pos = torch.where(take, count.unsqueeze(1) + take.cumsum(1) - 1, cap)
-        buf_key.scatter_(1, pos, torch.where(take, k, -1))
+        buf_key.scatter_(1, pos, torch.where(take, k, _NO_KEY))
         buf_idx.scatter_(1, pos, rel.expand(n, -1))
         got = take.sum(1)
         count += got
@@ -212,7 +213,7 @@ def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
             rows_full = full.nonzero().squeeze(1)
             top = torch.topk(buf_key[rows_full, :cap], top_k, dim=1)
             kept_idx = buf_idx[rows_full].gather(1, top.indices)
-            buf_key[rows_full] = -1
+            buf_key[rows_full] = _NO_KEY
             buf_key[rows_full, :top_k] = top.values
             buf_idx[rows_full, :top_k] = kept_idx
             count[rows_full] = top_k

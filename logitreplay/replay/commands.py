@@ -1,0 +1,165 @@
+"""`logitreplay replay`: replay archives or a built-in suite against selectors, verify, time, report."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import click
+import torch
+from rich.console import Console
+
+from logitreplay.archive import ArchiveError, Case
+from logitreplay.cli import user_errors
+from logitreplay.datasets import synth
+from logitreplay.datasets.commands import progress
+from logitreplay.replay import report
+from logitreplay.replay.engine import ExtraCheck, ReplayResult, environment, open_cases, replay
+from logitreplay.replay.timing import TimingProtocol
+from logitreplay.selectors.base import Launch, Selector, SelectorError, available, build, load_factory
+
+DEFAULT_SELECTORS = "reference,native,deepselect"
+# Algorithm models on a CPU take milliseconds per call, so the GPU protocol (25 warmups, 4 rounds of 10)
+# would take minutes; on CPU the verification call is the only warmup, then 3 alternating rounds of one.
+CPU_WARMUP, CPU_ROUNDS, CPU_SAMPLES = 0, 3, 1
+
+
+class Unbuildable:
+    """Stands in for a selector whose factory raised: every case reports that error, others still run."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        raise RuntimeError(self.reason)
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        raise RuntimeError(self.reason)
+
+
+def _selectors(names: str, specs: tuple[str, ...]) -> list[Selector]:
+    wanted = [n.strip() for n in names.split(",") if n.strip()] + list(specs)
+    if not wanted:
+        raise SelectorError("no selectors given (--selectors or --selector)")
+    registry = available()
+    out: list[Selector] = []
+    for spec in wanted:
+        load_factory(registry.get(spec, spec))  # unknown names and unimportable modules are fatal
+        try:
+            out.append(build(spec))
+        except SelectorError as e:
+            out.append(Unbuildable(spec, str(e)))
+    seen: set[str] = set()
+    for sel in out:
+        if sel.name in seen:
+            raise SelectorError(f"two selectors are named {sel.name!r}; each column needs its own name")
+        seen.add(sel.name)
+    return out
+
+
+def _poison(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a number nor 'nan'") from None
+    if math.isinf(value):
+        raise click.BadParameter("use a huge finite value (default 1e30) or nan; inf is a legal logit")
+    return value
+
+
+@click.command("replay")
+@click.argument("locations", nargs=-1, metavar="[PATH|URL ...]")
+@click.option("--suite", type=click.Choice(sorted(synth.SUITES)), default=None,
+              help="Built-in control suite to replay (default with no PATH: seed-controls).")
+@click.option("--scale", type=click.Choice(synth.SCALES), default=None,
+              help="Suite scale [default: small on CPU, full on CUDA].")
+@click.option("--selectors", "names", default=DEFAULT_SELECTORS, show_default=True,
+              help="Comma-separated registered selector names (built-ins, upstream adapters, plugins).")
+@click.option("--selector", "specs", multiple=True, metavar="MODULE:FACTORY",
+              help="An extra selector from a factory, e.g. mypkg.topk:make (repeatable).")
+@click.option("--baseline", default=None, help="Selector the ratio columns divide by [default: native if "
+              "selected, else the first].")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=None,
+              help=f"Warmup calls per selector [default: 25 on CUDA, {CPU_WARMUP} on CPU].")
+@click.option("--rounds", type=click.IntRange(min=1), default=None,
+              help=f"Alternating timing rounds [default: 4 on CUDA, {CPU_ROUNDS} on CPU].")
+@click.option("--timer", type=click.Choice(["events", "cupti"]), default="events", show_default=True,
+              help="CUDA only: CUDA events around graph replays, or kernel durations from the profiler.")
+@click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
+              help="CUDA only: flush L2 before every timed call (cold) or not.")
+@click.option("--poison", "poison_text", default="1e30", show_default=True, metavar="FLOAT|nan",
+              help="Value of the cells outside each row's bounds.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write every sample, the protocol and the environment as JSON.")
+@click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write one line per case and selector.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write a PNG bar plot (needs matplotlib: pip install 'logitreplay[plot]').")
+@click.option("--strict", is_flag=True, help="Exit 1 when a selector failed verification or raised, or a "
+              "case was invalid.")
+@user_errors
+def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None, names: str,
+               specs: tuple[str, ...], baseline: str | None, device: str, warmup: int | None,
+               rounds: int | None, timer: str, l2: str, poison_text: str, json_path: Path | None,
+               csv_path: Path | None, plot_path: Path | None, strict: bool) -> None:
+    """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
+    control suite against top-k selectors: verify every selector's output, time the verified ones, and
+    print a table of median times and ratios to a baseline."""
+    poison = _poison(poison_text)
+    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise click.ClickException("--plot needs matplotlib: pip install 'logitreplay[plot]'")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise click.ClickException("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is "
+                                   f"False; torch {torch.__version__})")
+    dev = torch.device(device)
+    if not locations and suite is None:
+        suite = "seed-controls"
+    scale = scale or ("full" if dev.type == "cuda" else "small")
+    selectors = _selectors(names, specs)
+    columns = [s.name for s in selectors]
+    if baseline is not None and baseline not in columns:
+        raise click.BadParameter(f"{baseline!r} is not one of the selectors ({', '.join(columns)})",
+                                 param_hint="--baseline")
+    baseline = baseline or ("native" if "native" in columns else columns[0])
+    notes: list[str] = []
+    if dev.type == "cpu":
+        protocol = TimingProtocol(warmup=CPU_WARMUP if warmup is None else warmup,
+                                  rounds=CPU_ROUNDS if rounds is None else rounds,
+                                  samples_per_round=CPU_SAMPLES, l2="warm", timer="wall", graphs=False)
+        label = "CPU wall-clock of algorithm models (not GPU kernel times)"
+        notes.append(f"CPU timing: the verification call, {protocol.warmup} more warmups, then {protocol.rounds} "
+                     f"alternating rounds of {protocol.samples_per_round} call (GPU protocol: 25 warmups, 4 "
+                     "rounds of 10); these are algorithm models, use --device cuda for kernel times")
+    else:
+        protocol = TimingProtocol(warmup=25 if warmup is None else warmup, rounds=4 if rounds is None else rounds,
+                                  l2=l2, timer=timer, graphs=True)  # type: ignore[arg-type]
+        label = f"CUDA kernel time, {'CUDA events' if timer == 'events' else 'CUPTI'}, L2 {l2}, graph replay"
+    # Device-specific checks beyond DESIGN's 1-4 and the measured read bandwidth (bytes/s) for the floor.
+    extra_checks: list[ExtraCheck] = []
+    read_bandwidth: float | None = None
+    cases, total = open_cases(list(locations), suite, scale)
+    if total == 0:
+        raise ArchiveError("nothing to replay: the archives hold no complete case")
+    result = ReplayResult(str(dev), label, protocol, environment(dev), baseline, columns, notes=notes)
+    stream = replay(cases, selectors, dev, protocol, poison, extra_checks, read_bandwidth)
+    for case_result in progress(stream, total, "replay"):
+        result.cases.append(case_result)
+    # Off a terminal (logs, pipes, CI) rich would wrap the table at 80 columns; give it room instead.
+    console = Console() if Console().is_terminal else Console(width=220)
+    report.print_report(result, console)
+    if json_path is not None:
+        report.write_json(result, json_path)
+    if csv_path is not None:
+        report.write_csv(result, csv_path)
+    if plot_path is not None:
+        report.write_plot(result, plot_path)
+    if strict:
+        bad = [f"{c.case_id}/{r.selector}" for c in result.cases for r in c.results if r.status in ("failed", "error")]
+        bad += [f"{c.case_id} (invalid)" for c in result.cases if c.invalid]
+        if bad:
+            raise click.ClickException(f"--strict: {len(bad)} failed, errored or invalid: {', '.join(bad[:5])}"
+                                       + (" ..." if len(bad) > 5 else ""))

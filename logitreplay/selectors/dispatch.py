@@ -1,0 +1,74 @@
+"""The built-in `native` and `deepselect` selectors: one name, the right implementation per device.
+
+On CPU they run the algorithm models of `models.py` (so replay works on any machine and reports the
+work each algorithm does); on CUDA they delegate to the bundled kernels of `selectors/cuda/`. The kernel
+module is imported, and its kernels built, only when a CUDA device is first asked for, so that a machine
+without nvcc or a GPU never pays for it; when that fails, `supports` says why instead of raising, and
+the other selectors still run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from logitreplay.archive import Case
+from logitreplay.selectors import models
+from logitreplay.selectors.base import Launch, Selector
+
+Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, object]]
+
+
+class Dispatched:
+    """A selector whose implementation depends on the device: a CPU model or a CUDA kernel class."""
+
+    def __init__(self, name: str, model: Model, cuda_class: str) -> None:
+        self.name = name
+        self._model = model
+        self._cuda_class = cuda_class
+        self._cuda: Selector | None = None
+        self._cuda_error: str | None = None
+
+    def _kernel(self) -> Selector | None:
+        if self._cuda is None and self._cuda_error is None:
+            try:
+                from logitreplay.selectors.cuda import kernels
+
+                self._cuda = getattr(kernels, self._cuda_class)()
+            except Exception as e:  # a missing nvcc, a failed build, an unsupported architecture, ...
+                self._cuda_error = f"CUDA kernel unavailable ({type(e).__name__}: {' '.join(str(e).split())})"
+        return self._cuda
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        if device.type == "cpu":
+            return None
+        if device.type == "cuda":
+            kernel = self._kernel()
+            return self._cuda_error if kernel is None else kernel.supports(case, device)
+        return f"no {self.name} implementation for device type {device.type}"
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        if logits.device.type == "cuda":
+            kernel = self._kernel()
+            if kernel is None:
+                raise RuntimeError(self._cuda_error)
+            return kernel.prepare(logits, row_starts, row_ends, top_k, out)
+        model = self._model
+
+        def launch() -> None:
+            indices, _ = model(logits, row_starts, row_ends, top_k)
+            out.copy_(indices)
+
+        return launch
+
+
+def native() -> Dispatched:
+    """vLLM's prefill histogram radix-select: CPU model or bundled CUDA kernel."""
+    return Dispatched("native", models.native_topk, "NativeCuda")
+
+
+def deepselect() -> Dispatched:
+    """DeepSelect's rising-threshold single pass: CPU model or bundled CUDA kernel."""
+    return Dispatched("deepselect", models.deepselect_topk, "DeepSelectCuda")
