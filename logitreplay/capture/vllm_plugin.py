@@ -142,7 +142,7 @@ class VllmCapture:
     def _after(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                indices: torch.Tensor, rows: int, stride0: int, stride1: int, top_k: int) -> None:
         try:
-            if logits.is_cuda and torch.cuda.is_current_stream_capturing():
+            if _capturing_graph(logits):
                 return
             if not self._rank_wanted():
                 return
@@ -210,6 +210,12 @@ class VllmCapture:
                 tp_rank = global_rank
             self._rank = (tp_rank, global_rank)
         return self._rank
+
+
+def _capturing_graph(logits: torch.Tensor) -> bool:
+    """True while a CUDA graph is being captured on this stream: a copy made now would be baked into the
+    graph and replayed with every later step."""
+    return logits.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _caller_facts(frame: FrameType | None, depth: int = 6) -> tuple[str, dict[str, Any]]:
