@@ -4,7 +4,8 @@
 // One block of 512 threads per row. Pass 0 histograms the top 11 bits of every value rounded to fp16
 // (2048 bins) and finds the bin holding the k-th largest; every element in a higher bin is emitted.
 // If the threshold bin holds <= 2048 elements they are collected in shared memory and finished by a
-// shared-memory select; otherwise refinement passes over the fp32 key (11, 11 and 10 bits) repeat the
+// shared-memory sort (upstream's rank-counting insertion sort for the first 12288 rows, a radix select
+// after); otherwise refinement passes over the fp32 key (11, 11 and 10 bits) repeat the
 // histogram among the elements matching every bin fixed so far, re-reading the row each time. After
 // the last pass the threshold bin holds equal keys, and the first ones reached fill the remaining slots.
 //
@@ -22,6 +23,8 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kBins = 2048;   // 11-bit passes; the last pass uses the low 1024
 constexpr int kFinal = 2048;  // a threshold bin this small is finished in shared memory
+// Upstream launches rows below this index with the insertion-sort finish, the rest with a radix sort.
+constexpr long long kRankRows = 12288;
 
 struct Smem {
   union {
@@ -139,9 +142,26 @@ __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restri
       }
     }
   }
-  // The threshold bin's candidates are in shared memory: select the slots still open among them.
+  // The threshold bin's candidates are in shared memory: fill the slots still open among them.
   const int n = static_cast<int>(s.cand_n);
-  const int m = top_k - static_cast<int>(s.found);
+  const int base = static_cast<int>(s.found);
+  const int m = top_k - base;
+  if (r < kRankRows) {
+    // Upstream's insertion sort: each candidate's rank among all candidates (ties by position), which
+    // costs n^2 / threads compares: cheap for the few candidates of spread-out values, and the main
+    // cost of concentrated rows whose threshold bin holds up to 2048 of them.
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const uint32_t key = s.u.cand.keys[i];
+      int rank = 0;
+      for (int j = 0; j < n; ++j) {
+        const uint32_t o = s.u.cand.keys[j];
+        rank += (o > key) | ((o == key) & (j < i));
+      }
+      if (rank < m) out_row[base + rank] = s.u.cand.idx[i];
+    }
+    return;
+  }
+  // Later rows: upstream sorts with a block radix sort; the shared radix select does the same O(n) work.
   const lr::SelectRule rule = lr::smem_select_rule<kThreads>(s.u.cand.keys, n, m, s.sel);
   lr::smem_select_apply<kThreads>(s.u.cand.keys, n, rule, s.sel,
                                   [&](int i) { out_row[atomicAdd(&s.found, 1u)] = s.u.cand.idx[i]; });
