@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import yaml
+
 _API = "/api/datasets/"
 _RESOLVE = "/datasets/"
 
@@ -51,8 +53,7 @@ class LoopbackHub:
 
     @property
     def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_port}"
 
     def __enter__(self) -> LoopbackHub:
         self._thread.start()
@@ -273,11 +274,15 @@ def _handler(hub: LoopbackHub) -> type[BaseHTTPRequestHandler]:
                 repo_id = f"{payload['organization']}/{payload['name']}" if payload.get("organization") \
                     else payload["name"]
                 if repo_id in hub.repos:
-                    self._error(409, message="You already created this dataset repo")
+                    self._json({"error": "You already created this dataset repo",
+                                "url": f"{hub.endpoint}/datasets/{repo_id}"}, 409)
                     return
                 hub.commit(repo_id, {".gitattributes": b"*.zip filter=lfs diff=lfs merge=lfs -text\n"},
                            private=payload.get("visibility") == "private" or bool(payload.get("private")))
                 self._json({"url": f"{hub.endpoint}/datasets/{repo_id}", "name": repo_id})
+                return
+            if path == "/api/validate-yaml":
+                self._validate_yaml(json.loads(body)["content"])
                 return
             if not path.startswith(_API):
                 self._error(404, message="not served by the loopback Hub")
@@ -309,6 +314,18 @@ def _handler(hub: LoopbackHub) -> type[BaseHTTPRequestHandler]:
                 self._commit("/".join(parts[:2]), revision, body)
             else:
                 self._error(404, message="not served by the loopback Hub")
+
+        def _validate_yaml(self, content: str) -> None:
+            """The Hub checks a card's front matter on upload; here: it must be a YAML mapping."""
+            front = content.split("---\n")[1] if content.startswith("---\n") else ""
+            try:
+                ok = isinstance(yaml.safe_load(front), dict)
+            except yaml.YAMLError:
+                ok = False
+            if not ok:
+                self._json({"errors": [{"message": "front matter is not a YAML mapping"}]}, 400)
+                return
+            self._json({"errors": [], "warnings": []})
 
         def _commit(self, repo_id: str, revision: str, body: bytes) -> None:
             added: dict[str, bytes] = {}

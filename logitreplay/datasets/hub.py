@@ -72,8 +72,8 @@ def hub_errors(what: str) -> Iterator[None]:
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else None
         if status == 401:
-            raise ArchiveError(f"{what}: the Hub rejected the token (HTTP 401); check HF_TOKEN or "
-                               "`hf auth login`") from None
+            raise ArchiveError(f"{what}: the Hub refused the credentials (HTTP 401: token missing or invalid); "
+                               "set HF_TOKEN or run `hf auth login`") from None
         if status == 403:
             raise ArchiveError(f"{what}: the token lacks permission for this (HTTP 403)") from None
         raise ArchiveError(f"{what}: the Hub answered HTTP {status}") from None
@@ -281,10 +281,14 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
     patterns = None
     if include:
         patterns = [*include, "README.md", f"{ARCHIVE_DIR}/zarr.json", f"{ARCHIVE_DIR}/cases/zarr.json"]
-    with hub_errors(f"dataset {repo_id}@{revision or 'main'}"):
-        snapshot_download(repo_id, repo_type="dataset", revision=sha, local_dir=target,
-                          cache_dir=target / ".cache" / "huggingface" / "hub", allow_patterns=patterns,
-                          token=token)
+    what = f"dataset {repo_id}@{revision or 'main'}"
+    with hub_errors(what):
+        try:
+            snapshot_download(repo_id, repo_type="dataset", revision=sha, local_dir=target,
+                              cache_dir=target / ".cache" / "huggingface" / "hub", allow_patterns=patterns,
+                              token=token)
+        except ValueError as e:  # the client refuses file names that would land outside `target`
+            raise ArchiveError(f"{what}: refused: {' '.join(str(e).split())}") from None
     pulled = Pulled(repo_id, revision or "main", sha, target)
     (target / SOURCE_FILE).write_text(json.dumps({**pulled.to_json(), "url": hf_url(repo_id, sha)}, indent=1) + "\n")
     return pulled

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import click
@@ -110,6 +111,10 @@ def push_cmd(location: str, repo_id: str, private: bool, dry_run: bool, stage_di
 @user_errors
 def pull_cmd(ref: str, include: tuple[str, ...], out: Path | None, as_json: bool) -> None:
     """Download a Hub dataset at a pinned commit; everything is written inside the target folder."""
+    if not sys.stderr.isatty():  # progress bars only on a terminal: logs and pipes stay clean
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
     pulled = hub.pull(ref, out, include)
     if as_json:
         click.echo(json.dumps(pulled.to_json()))

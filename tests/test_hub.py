@@ -1,0 +1,243 @@
+"""Publishing and fetching datasets: the card, the staged layout, and push / pull / hf:// streaming over real
+HTTP through the real huggingface_hub client, against the loopback Hub in `hub_server.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hub_server import LoopbackHub
+from huggingface_hub import DatasetCard, constants
+
+from logitreplay.archive import Archive, Case
+from logitreplay.cli import main
+from logitreplay.datasets import hub, synth
+from logitreplay.datasets.card import build_card
+
+GOOD, BAD = "hf_loopback_good_token", "hf_loopback_bad_token_0123456789"
+REPO = "org/stress"
+
+
+@pytest.fixture(scope="module")
+def suite_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("suite") / "stress.zarr"
+    archive = Archive.create(path, attrs={"title": "logitreplay stress (small)"})
+    for case in synth.suite("stress", "small"):
+        archive.write(case)
+    return path
+
+
+@pytest.fixture(scope="module")
+def staged(suite_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> hub.Staged:
+    return hub.stage(Archive.open(suite_archive), REPO, tmp_path_factory.mktemp("staged") / "s")
+
+
+@pytest.fixture
+def loopback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LoopbackHub]:
+    """The client reads its endpoint and token file once at import; point them at this test's server."""
+    with LoopbackHub(tokens={GOOD}) as h:
+        monkeypatch.setattr(constants, "ENDPOINT", h.endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            h.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "client-cache"))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+        yield h
+
+
+def _same(a: Case, b: Case) -> bool:
+    return (a.values.tobytes(), a.offsets.tobytes(), a.row_starts.tobytes(), a.row_ends.tobytes(), a.attrs) == \
+        (b.values.tobytes(), b.offsets.tobytes(), b.row_starts.tobytes(), b.row_ends.tobytes(), b.attrs)
+
+
+def _one_line_error(output: str) -> bool:
+    lines = output.strip().splitlines()
+    return len(lines) == 1 and lines[0].startswith("Error: ")
+
+
+# ------------------------------------------------------------------------------------------- card
+
+
+def test_card_round_trips_through_datasetcard_load(suite_archive: Path, tmp_path: Path) -> None:
+    archive = Archive.open(suite_archive)
+    build_card(archive, REPO).save(tmp_path / "README.md")
+    card = DatasetCard.load(tmp_path / "README.md")
+    data = card.data.to_dict()
+    assert data["license"] == "cc-by-4.0" and data["pretty_name"] == "logitreplay stress (small)"
+    assert "sparse-attention" in data["tags"] and data["size_categories"] == ["n<1K"] and data["viewer"] is False
+    fields = data["logitreplay"]
+    assert fields["cases"] == len(archive) and fields["sources"] == ["synthetic"]
+    assert "relative to row_starts[r]" in fields["selector_semantics"]
+    rows = [line.split(" | ") for line in card.text.splitlines() if line.startswith("| `")]
+    assert [(r[0].strip("| `"), r[-1].strip(" `|")) for r in rows] == \
+        [(i.case_id, i.attrs["sha256"]) for i in archive.infos()]
+    assert f"logitreplay replay hf://datasets/{REPO}/archive" in card.text
+    # Derived from the data alone: regenerating gives the same bytes.
+    assert str(build_card(archive, REPO)) == (tmp_path / "README.md").read_text()
+
+
+def test_card_records_models_revisions_engines_and_policy(tmp_path: Path) -> None:
+    base = next(synth.suite("stress", "small"))
+    prov = {"source": "vllm", "model": "deepseek-ai/DeepSeek-V3.2", "model_revision": "f" * 40, "engine": "vllm",
+            "engine_version": "0.11.0", "capture_policy": "first-per-layer-width",
+            "layer_name": "model.layers.3.self_attn.indexer"}
+    archive = Archive.create(tmp_path / "cap.zarr")
+    archive.write(Case(base.case_id, base.values, base.offsets, base.row_starts, base.row_ends, base.top_k,
+                       base.cols, base.row_stride, base.dtype, None, prov))
+    card = build_card(archive, "org/captured")
+    fields = card.data.to_dict()["logitreplay"]
+    assert fields["models"] == [{"id": "deepseek-ai/DeepSeek-V3.2", "revision": "f" * 40}]
+    assert fields["engines"] == [{"name": "vllm", "version": "0.11.0"}]
+    assert fields["capture_policy"] == ["first-per-layer-width"]
+    assert "| model.layers.3.self_attn.indexer |" in card.text and f"`{'f' * 40}`" in card.text
+
+
+# ---------------------------------------------------------------------------------------- staging
+
+
+def test_push_dry_run_stages_a_valid_card_and_sharded_archive_within_limits(
+        suite_archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # a dry run never talks to the Hub
+    stage_dir = tmp_path / "stage"
+    r = CliRunner().invoke(main, ["push", str(suite_archive), REPO, "--dry-run", "--stage", str(stage_dir), "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    files = [p for p in stage_dir.rglob("*") if p.is_file()]
+    assert report["files"] == len(files) < hub.HUB_MAX_FILES
+    assert report["largest_folder"]["entries"] < hub.HUB_MAX_FOLDER_ENTRIES
+    assert DatasetCard.load(stage_dir / "README.md").data.to_dict()["logitreplay"]["cases"] == 12
+
+    src, dst = Archive.open(suite_archive), Archive.open(stage_dir / "archive")
+    assert dst.case_ids() == src.case_ids() and dst.attrs == src.attrs
+    for cid in src.case_ids():
+        assert _same(src.read(cid), dst.read(cid))
+        case_files = [p for p in (stage_dir / "archive" / "cases" / cid).rglob("*") if p.is_file()]
+        assert len(case_files) <= 11  # group + (metadata + one shard) per array, whatever the chunk count
+
+
+def test_dry_run_defaults_to_a_temporary_folder_and_prints_it(suite_archive: Path) -> None:
+    r = CliRunner().invoke(main, ["push", str(suite_archive), REPO, "--dry-run"])
+    assert r.exit_code == 0, r.output
+    path = Path(r.output.strip().splitlines()[-1])
+    try:
+        assert (path / "README.md").is_file() and (path / "archive" / "zarr.json").is_file()
+    finally:
+        shutil.rmtree(path)
+
+
+def test_staging_refuses_a_used_folder_and_archives_beyond_the_limits(
+        suite_archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("mine")
+    runner = CliRunner()
+    r = runner.invoke(main, ["push", str(suite_archive), REPO, "--dry-run", "--stage", str(used)])
+    assert r.exit_code == 1 and _one_line_error(r.output) and (used / "keep.txt").read_text() == "mine"
+    monkeypatch.setattr(hub, "HUB_MAX_FILES", 50)
+    r = runner.invoke(main, ["push", str(suite_archive), REPO, "--dry-run", "--stage", str(tmp_path / "big")])
+    assert r.exit_code == 1 and _one_line_error(r.output) and "beyond the Hub's limits" in r.output
+
+
+# ---------------------------------------------------------------------------- over HTTP (loopback)
+
+
+def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite_archive: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", GOOD)
+    runner = CliRunner()
+    r = runner.invoke(main, ["push", str(suite_archive), REPO, "--json"])
+    assert r.exit_code == 0, r.output
+    first = json.loads(r.output)
+    assert first["url"] == f"hf://datasets/{REPO}@{first['commit']}/archive"
+    assert loopback.repos[REPO].refs["main"] == first["commit"]
+
+    # Streaming: opening pins main to its commit; reading one case fetches that case's bytes, not the rest.
+    src = Archive.open(suite_archive)
+    target = "bigk-normal-c8192-r64-k4096"
+    before = loopback.bytes_served
+    remote = Archive.open(f"hf://datasets/{REPO}/archive")
+    assert remote.location == first["url"]
+    assert _same(remote.read(target), src.read(target))
+    total = sum(len(b) for b in loopback.repos[REPO].commits[first["commit"]].values())
+    streamed = loopback.bytes_served - before
+    assert streamed < total - 2_000_000  # the other cases' shards (about 4 MB) were never downloaded
+    r = runner.invoke(main, ["inspect", f"hf://datasets/{REPO}/archive", "--case", target, "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["cases"][0]["rows"] == 64
+
+    # A second push mirrors the new archive (a deleted case disappears from main), old commits stay readable.
+    smaller = tmp_path / "smaller.zarr"
+    shutil.copytree(suite_archive, smaller)
+    shutil.rmtree(smaller / "cases" / target)
+    r = runner.invoke(main, ["push", str(smaller), REPO, "--json"])
+    assert r.exit_code == 0, r.output
+    assert target not in Archive.open(f"hf://datasets/{REPO}/archive").case_ids()
+    assert target in Archive.open(first["url"]).case_ids()
+
+    out = tmp_path / "pulled"
+    r = runner.invoke(main, ["pull", f"{REPO}@{first['commit']}", "--out", str(out),
+                             "--include", f"archive/cases/{target}/**", "--json"])
+    assert r.exit_code == 0, r.output
+    pulled = Archive.open(out / "archive")
+    assert pulled.case_ids() == [target] and _same(pulled.read(target), src.read(target))
+    assert json.loads((out / hub.SOURCE_FILE).read_text())["commit"] == first["commit"]
+
+
+_FAILURES = [(cmd, sc) for cmd in ("pull", "inspect") for sc in ("missing-repo", "missing-revision", "bad-token",
+                                                                    "offline")]
+_FAILURES += [("push", "bad-token"), ("push", "offline"), ("push", "no-token")]
+
+
+@pytest.mark.parametrize("command,scenario", _FAILURES, ids=[f"{c}-{s}" for c, s in _FAILURES])
+def test_hub_failures_are_one_line_errors_without_the_token(
+        loopback: LoopbackHub, staged: hub.Staged, suite_archive: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, command: str, scenario: str) -> None:
+    loopback.publish_folder(REPO, staged.path)
+    ref = {"missing-repo": "org/absent", "missing-revision": f"{REPO}@v9"}.get(scenario, REPO)
+    if scenario != "no-token":
+        monkeypatch.setenv("HF_TOKEN", BAD if scenario == "bad-token" else GOOD)
+    if scenario == "offline":
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    args = {"pull": ["pull", ref, "--out", str(tmp_path / "out")],
+            "inspect": ["inspect", f"hf://datasets/{ref}/archive"],
+            "push": ["push", str(suite_archive), "org/new"]}[command]
+    commits = {k: dict(v.commits) for k, v in loopback.repos.items()}
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and _one_line_error(r.output), r.output
+    assert GOOD not in r.output and BAD not in r.output
+    assert not (tmp_path / "out").exists()
+    assert {k: dict(v.commits) for k, v in loopback.repos.items()} == commits  # nothing was written remotely
+
+
+def test_pull_refuses_names_that_escape_the_target(loopback: LoopbackHub, tmp_path: Path) -> None:
+    loopback.commit("org/evil", {"README.md": b"---\n{}\n---\n", "../escape.txt": b"x"})
+    r = CliRunner().invoke(main, ["pull", "org/evil", "--out", str(tmp_path / "t" / "out")])
+    assert r.exit_code == 1 and _one_line_error(r.output), r.output
+    assert not (tmp_path / "t" / "escape.txt").exists()
+
+
+def test_pull_through_hf_endpoint_writes_only_inside_the_target(staged: hub.Staged, tmp_path: Path) -> None:
+    """As a user runs it: a fresh process, HF_ENDPOINT set, default --out under datasets/downloads/."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    with LoopbackHub() as h:
+        sha = h.publish_folder(REPO, staged.path)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+        env.update(HF_ENDPOINT=h.endpoint, HF_HOME=str(home), HF_HUB_DISABLE_PROGRESS_BARS="1")
+        cli = [sys.executable, "-c", "from logitreplay.cli import main; main()"]
+        r = subprocess.run([*cli, "pull", REPO, "--json"], cwd=work, env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        offline = subprocess.run([*cli, "inspect", f"hf://datasets/{REPO}/archive"], cwd=work,
+                                 env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
+    target = work / "datasets" / "downloads" / "org" / "stress"
+    assert json.loads(r.stdout)["commit"] == sha and Archive.open(target / "archive").case_ids()
+    assert [p.name for p in work.iterdir()] == ["datasets"] and not home.exists()
+    assert offline.returncode == 1 and _one_line_error(offline.stderr) and "offline" in offline.stderr
