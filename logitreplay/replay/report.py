@@ -20,6 +20,8 @@ from rich.table import Table
 
 from logitreplay.replay.engine import CaseResult, ReplayResult, SelectorResult
 
+_CELL_CHARS = 48
+
 
 def schema() -> dict[str, Any]:
     """The JSON Schema of `ReplayResult.to_json()` (kept next to this module, shipped with the package)."""
@@ -36,7 +38,8 @@ def cell(res: SelectorResult | None) -> str:
         return f"unsupported: {res.reason}"
     if res.status == "failed":
         return f"FAILED: {res.reason} row {res.failures[0].row}"
-    return f"ERROR: {res.reason}"
+    reason = res.reason or ""  # printed in full under the table
+    return f"ERROR: {reason if len(reason) <= _CELL_CHARS else reason[:_CELL_CHARS - 3] + '...'}"
 
 
 def ratio(case: CaseResult, baseline: str, other: str) -> float | None:
@@ -63,7 +66,9 @@ def table(result: ReplayResult) -> Table:
         t.add_column("read floor us", justify="right")
     for name in result.selectors:
         t.add_column(name, justify="right", overflow="fold")
-    others = [s for s in result.selectors if result.baseline and s != result.baseline]
+    # A ratio column for every other selector that was timed somewhere.
+    others = [s for s in result.selectors if result.baseline and s != result.baseline
+              and any((r := c.result(s)) is not None and r.timing is not None for c in result.cases)]
     for name in others:
         t.add_column(f"{result.baseline}/{name}", justify="right")
     for case in result.cases:
@@ -91,12 +96,15 @@ def _protocol_line(result: ReplayResult) -> str:
 
 
 def print_report(result: ReplayResult, console: Console) -> None:
-    """The table, then every failure in full (check, case, row, example) and the run's notes."""
+    """The table, then every failure in full (check, case, row, example), every error, and the notes."""
     console.print(table(result))
     for case in result.cases:
         for res in case.results:
             for f in res.failures:
                 console.print(f"[red]FAILED[/red] {res.selector}: {f}", highlight=False)
+            if res.status == "error":
+                console.print(f"[red]ERROR[/red] {res.selector} on case {case.case_id}: {res.reason}",
+                              highlight=False)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False)
 

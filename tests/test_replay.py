@@ -1,0 +1,144 @@
+"""`logitreplay replay` end to end through the CLI: the built-in suite, plugins (module:factory and
+entry points), broken selectors reported with check and row while good ones still time, the JSON schema
+and round trip, CSV and plot outputs, invalid input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from logitreplay.archive import Archive
+from logitreplay.cli import main
+from logitreplay.datasets import synth
+from logitreplay.replay import report
+from logitreplay.replay.engine import ReplayResult
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `--selector tests.plugins:...` imports from the repository root
+
+from tests import plugins  # noqa: E402
+
+BROKEN = list(plugins.EXPECTED)
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, ["replay", *args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def plugin_archive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("arch") / "plugins.zarr"
+    Archive.create(path).write(plugins.plugin_case())
+    return str(path)
+
+
+def test_default_run_verifies_every_builtin_on_every_case(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = run("--rounds", "1", "--json", str(out))
+    assert res.exit_code == 0, res.output
+    assert "CPU wall-clock of algorithm models" in res.output
+    data = json.loads(out.read_text())
+    assert data["selectors"] == ["reference", "native", "deepselect"]
+    assert [c["case_id"] for c in data["cases"]] == [r.case_id for r in synth.recipes("seed-controls", "small")]
+    for case in data["cases"]:
+        assert [r["status"] for r in case["results"]] == ["ok"] * 3, case["case_id"]
+    assert "FAILED" not in res.output and "ERROR" not in res.output
+
+
+def test_broken_selectors_fail_with_check_and_row_while_good_ones_time(plugin_archive: str, tmp_path: Path) -> None:
+    specs = [f"tests.plugins:{f}" for f in ["make_good", *BROKEN, "make_raises", "make_factory_raises"]]
+    out = tmp_path / "broken.json"
+    res = run(plugin_archive, "--selectors", "reference", *[a for s in specs for a in ("--selector", s)],
+              "--baseline", "reference", "--json", str(out))
+    assert res.exit_code == 0, res.output
+    case = json.loads(out.read_text())["cases"][0]
+    by_name = {r["selector"]: r for r in case["results"]}
+    for name in ("reference", "good"):
+        assert by_name[name]["status"] == "ok" and by_name[name]["timing"]["median_us"] > 0
+    for factory, (check, row) in plugins.EXPECTED.items():
+        name = getattr(plugins, factory)().name
+        r = by_name[name]
+        assert r["status"] == "failed", name
+        assert (r["failures"][0]["check"], r["failures"][0]["row"]) == (check, row), name
+        assert f"FAILED {name}: check {check} (" in res.output
+    assert by_name["raises"]["status"] == "error" and "deliberate failure inside the launch" in by_name["raises"]["reason"]
+    factory_error = by_name["tests.plugins:make_factory_raises"]
+    assert factory_error["status"] == "error" and "deliberate failure inside the factory" in factory_error["reason"]
+    # Every failure and error is also printed in full, with its example.
+    assert "check 4 (bounds) failed on case plugins, row 3: wrote 0 at output column 8" in res.output
+    assert "ERROR raises on case plugins: RuntimeError: deliberate failure inside the launch" in res.output
+
+
+def test_strict_exits_nonzero_on_failures(plugin_archive: str) -> None:
+    assert run(plugin_archive, "--selectors", "reference", "--strict", "--rounds", "1").exit_code == 0
+    res = run(plugin_archive, "--selectors", "reference", "--selector", "tests.plugins:make_duplicate", "--strict")
+    assert res.exit_code == 1
+    assert "--strict: 1 failed" in res.output
+
+
+def test_entry_point_plugin(plugin_archive: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = tmp_path / "site" / "goodplug-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: goodplug\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[logitreplay.selectors]\ngoodplug = tests.plugins:make_good\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    out = tmp_path / "ep.json"
+    res = run(plugin_archive, "--selectors", "reference,goodplug", "--json", str(out), "--rounds", "1")
+    assert res.exit_code == 0, res.output
+    statuses = [r["status"] for r in json.loads(out.read_text())["cases"][0]["results"]]
+    assert statuses == ["ok", "ok"]
+
+
+def test_json_validates_and_round_trips_and_csv_plot_written(plugin_archive: str, tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    out, table, png = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
+    res = run(plugin_archive, "--selector", "tests.plugins:make_wrong_value", "--json", str(out),
+              "--csv", str(table), "--plot", str(png))
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, report.schema())
+    assert ReplayResult.from_json(data).to_json() == data
+    assert report.read_json(out) == ReplayResult.from_json(data)
+    assert data["environment"]["torch"] and data["protocol"]["timer"] == "wall"
+    lines = list(csv.DictReader(table.open()))
+    assert [(x["selector"], x["status"]) for x in lines] == [
+        ("reference", "ok"), ("native", "ok"), ("deepselect", "ok"), ("wrong-value", "failed")]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_schema_rejects_a_malformed_result() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    bad = {"schema": ReplayResult.SCHEMA, "device": "cpu"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, report.schema())
+
+
+def test_nan_case_is_invalid_not_timed(tmp_path: Path) -> None:
+    path = tmp_path / "nan.zarr"
+    Archive.create(path).write(plugins.plugin_case("with-nan", nan_row=2))
+    out = tmp_path / "nan.json"
+    res = run(str(path), "--json", str(out))
+    assert res.exit_code == 0, res.output
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["invalid"] == "NaN inside row 2" and case["results"] == []
+    assert "invalid: NaN inside row 2" in res.output
+    assert run(str(path), "--strict").exit_code == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["does-not-exist.zarr"], "not a logitreplay archive"),
+    (["--selectors", "reference,nosuchselector"], "nosuchselector"),
+    (["--selector", "tests.plugins:make_nothing"], "has no attribute 'make_nothing'"),
+    (["--poison", "banana"], "neither a number nor 'nan'"),
+])
+def test_unusable_input_is_a_one_line_error(args: list[str], message: str) -> None:
+    res = CliRunner().invoke(main, ["replay", *args])
+    assert res.exit_code != 0
+    assert message in res.output
+    assert "Traceback" not in res.output

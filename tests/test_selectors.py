@@ -1,0 +1,103 @@
+"""The reference selector and the CPU models of native and DeepSelect meet the selection semantics on
+any shape, bounds, k, dtype and value distribution (hypothesis), and the models' work counters show
+what the algorithms are known to do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logitreplay.archive import Case
+from logitreplay.replay.engine import replay_case
+from logitreplay.replay.timing import TimingProtocol
+from logitreplay.selectors import models
+from logitreplay.selectors.base import build
+
+SELECTORS = ("reference", "native", "deepselect")
+ONCE = TimingProtocol(warmup=0, rounds=1, samples_per_round=1, l2="warm", timer="wall", graphs=False)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    rows = draw(st.integers(1, 6))
+    cols = draw(st.integers(1, 300))
+    top_k = draw(st.integers(1, 80))
+    starts = np.array([draw(st.integers(0, cols)) for _ in range(rows)], dtype=np.int32)
+    ends = np.array([draw(st.integers(int(s), cols)) for s in starts], dtype=np.int32)
+    total = int((ends - starts).sum())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["normal", "ties", "zeros", "shifted", "tiny"]))
+    x = rng.standard_normal(total).astype(np.float32)
+    x = {"normal": x, "ties": np.round(x * 2) / 2, "zeros": np.maximum(x - 1, 0) * rng.choice([-1, 1], total),
+         "shifted": x + 100, "tiny": x * 1e-8}[kind].astype(np.float32)
+    values: np.ndarray | torch.Tensor = x
+    if draw(st.booleans()):
+        values = torch.from_numpy(x).to(torch.bfloat16)
+    stride = cols + draw(st.sampled_from([0, 0, 3, 64]))
+    return Case.from_rows("prop", values, starts, ends, top_k=top_k, cols=cols, row_stride=stride)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(), poison=st.sampled_from([1e30, float("nan")]))
+def test_every_builtin_verifies(case: Case, poison: float) -> None:
+    result = replay_case(case, [build(n) for n in SELECTORS], torch.device("cpu"), ONCE, poison=poison)
+    for res in result.results:
+        assert res.status == "ok", f"{res.selector}: {res.reason} {[str(f) for f in res.failures]}"
+        assert res.timing is not None and len(res.timing.samples_us) == 1
+
+
+def _rows(values: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.from_numpy(values.reshape(rows, cols))
+    return x, torch.zeros(rows, dtype=torch.int32), torch.full((rows,), cols, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("transform", ["+100", "*1e-8"])
+def test_native_needs_extra_passes_on_concentrated_values(transform: str) -> None:
+    """Values squeezed into few fp16 bins leave the first threshold bin too big to sort: more passes."""
+    x = np.random.default_rng(1).standard_normal(8 * 8192).astype(np.float32)
+    y = x + np.float32(100) if transform == "+100" else x * np.float32(1e-8)
+    _, normal = models.native_topk(*_rows(x, 8, 8192), 512)
+    _, squeezed = models.native_topk(*_rows(y, 8, 8192), 512)
+    assert normal.passes.max() == 1
+    assert squeezed.passes.min() >= 2
+    assert squeezed.final_sort.max() <= models.NATIVE_FINAL_ITEMS
+
+
+def test_native_uses_all_four_passes_when_only_low_bits_differ() -> None:
+    bits = np.uint32(0x3F800000) | np.random.default_rng(2).integers(0, 1 << 10, 4 * 4096, dtype=np.uint32)
+    idx, work = models.native_topk(*_rows(bits.view(np.float32), 4, 4096), 256)
+    assert work.passes.tolist() == [4, 4, 4, 4]
+    assert bool((idx >= 0).all())
+
+
+def test_native_copies_rows_not_longer_than_k() -> None:
+    _, work = models.native_topk(torch.randn(2, 10), torch.tensor([0, 0], dtype=torch.int32),
+                                 torch.tensor([4, 10], dtype=torch.int32), 10)
+    assert work.passes.tolist() == [0, 0]
+
+
+def test_deepselect_reads_every_element_once_and_compacts_long_rows() -> None:
+    x = torch.randn(3, 20000)
+    _, work = models.deepselect_topk(x, torch.zeros(3, dtype=torch.int32), torch.tensor([100, 5000, 20000],
+                                     dtype=torch.int32), 64)
+    assert work.compactions[0] == 0 and work.appended[0] == 100  # short row: everything is a candidate
+    assert work.compactions[2] >= 1
+    assert work.appended[2] < 20000 // 2, "a rising threshold rejects most of a long row"
+
+
+def test_deepselect_work_barely_depends_on_distribution() -> None:
+    """The point of DeepSelect: the same shape costs about the same whatever the values."""
+    x = np.random.default_rng(3).standard_normal(4 * 16384).astype(np.float32)
+    works = [models.deepselect_topk(*_rows(v, 4, 16384), 512)[1] for v in (x, x + 100, x * np.float32(1e-8))]
+    assert len({int(w.compactions.sum()) for w in works}) == 1
+    assert len({int(w.appended.sum()) for w in works}) == 1
+
+
+def test_block_order_is_a_fixed_permutation() -> None:
+    order = models.block_order(37)
+    assert sorted(order.tolist()) == list(range(37))
+    assert order.tolist() != list(range(37))
+    assert torch.equal(order, models.block_order(37))
