@@ -122,9 +122,11 @@ class IndexerCapture:
         return [s.name for s in self.sites]
 
     def detach(self) -> None:
+        """Remove every hook: a detached capture costs the model nothing. `attach` may be called again."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self.sites.clear()
         self._exit_active()
 
     def close(self) -> dict[str, Any]:
