@@ -68,7 +68,7 @@ def table(result: ReplayResult) -> Table:
         t.add_column(name, justify="right", overflow="fold")
     # A ratio column for every other selector that was timed somewhere.
     others = [s for s in result.selectors if result.baseline and s != result.baseline
-              and any((r := c.result(s)) is not None and r.timing is not None for c in result.cases)]
+              and any((sr := c.result(s)) is not None and sr.timing is not None for c in result.cases)]
     for name in others:
         t.add_column(f"{result.baseline}/{name}", justify="right")
     for case in result.cases:
