@@ -99,13 +99,15 @@ def _poison(text: str) -> float:
               help="Write one line per case and selector.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write a PNG bar plot (needs matplotlib: pip install 'logitreplay[plot]').")
+@click.option("--recommend", is_flag=True, help="Print, per selector pair, the logits width where one overtakes "
+              "the other (a dispatch rule from the measured cases), and add it to the JSON.")
 @click.option("--strict", is_flag=True, help="Exit 1 when a selector failed verification or raised, or a "
               "case was invalid.")
 @user_errors
 def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None, names: str,
                specs: tuple[str, ...], baseline: str | None, device: str, warmup: int | None,
                rounds: int | None, timer: str, l2: str, poison_text: str, json_path: Path | None,
-               csv_path: Path | None, plot_path: Path | None, strict: bool) -> None:
+               csv_path: Path | None, plot_path: Path | None, recommend: bool, strict: bool) -> None:
     """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
     control suite against top-k selectors: verify every selector's output, time the verified ones, and
     print a table of median times and ratios to a baseline."""
@@ -144,13 +146,34 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     cases, total = open_cases(list(locations), suite, scale)
     if total == 0:
         raise ArchiveError("nothing to replay: the archives hold no complete case")
-    result = ReplayResult(str(dev), label, protocol, environment(dev), baseline, columns, notes=notes)
+    env = environment(dev)
+    if dev.type == "cuda":
+        from logitreplay.replay.graph_check import graph_replay_check
+        from logitreplay.replay.timing_cuda import gpu_environment, measure_read_bandwidth
+
+        extra_checks.append(graph_replay_check)
+        read_bandwidth = measure_read_bandwidth(dev)
+        env.update(gpu_environment(dev), read_bandwidth_bytes_per_s=read_bandwidth)
+    result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
     stream = replay(cases, selectors, dev, protocol, poison, extra_checks, read_bandwidth)
     for case_result in progress(stream, total, "replay"):
         result.cases.append(case_result)
     # Off a terminal (logs, pipes, CI) rich would wrap the table at 80 columns; give it room instead.
     console = Console() if Console().is_terminal else Console(width=220)
+    if dev.type == "cuda":
+        from logitreplay.replay.timing_cuda import sm_clock_mhz
+
+        result.environment["sm_clock_mhz_end"] = sm_clock_mhz(dev)
     report.print_report(result, console)
+    if recommend:
+        from logitreplay.replay.recommend import recommend as dispatch_rules
+
+        rules = dispatch_rules(result)
+        result.recommendation = [r.to_json() for r in rules]
+        console.print("dispatch rule (measured):" if rules else "dispatch rule: no two selectors were timed "
+                      "on a common width")
+        for rule in rules:
+            console.print(f"  {rule.rule}", markup=False)
     if json_path is not None:
         report.write_json(result, json_path)
     if csv_path is not None:

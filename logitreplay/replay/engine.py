@@ -113,6 +113,7 @@ class ReplayResult:
     selectors: list[str]
     cases: list[CaseResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    recommendation: list[dict[str, Any]] = field(default_factory=list)  # `replay --recommend` (recommend.py)
 
     SCHEMA = "logitreplay.replay/1"
 
@@ -120,14 +121,16 @@ class ReplayResult:
         return {"schema": self.SCHEMA, "device": self.device, "clock_label": self.clock_label,
                 "protocol": self.protocol.to_json(), "environment": self.environment,
                 "baseline": self.baseline, "selectors": list(self.selectors),
-                "cases": [c.to_json() for c in self.cases], "notes": list(self.notes)}
+                "cases": [c.to_json() for c in self.cases], "notes": list(self.notes),
+                "recommendation": list(self.recommendation)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ReplayResult:
         if d.get("schema") != cls.SCHEMA:
             raise ValueError(f"not a replay result (schema {d.get('schema')!r}, expected {cls.SCHEMA!r})")
         return cls(d["device"], d["clock_label"], TimingProtocol(**d["protocol"]), d["environment"], d["baseline"],
-                   list(d["selectors"]), [CaseResult.from_json(c) for c in d["cases"]], list(d["notes"]))
+                   list(d["selectors"]), [CaseResult.from_json(c) for c in d["cases"]], list(d["notes"]),
+                   list(d.get("recommendation", [])))
 
 
 @dataclass

@@ -1,0 +1,98 @@
+"""`replay --recommend`: from measured cases, the logits width at which one selector overtakes another.
+
+The published analysis of DeepSelect against native concluded that an automatic dispatch must depend on
+the actual logits width, so this turns a replay into that rule instead of a guess. Per pair of timed
+selectors (and per dtype), the time ratio is taken per distinct width (`cols`; the geometric mean over
+cases of that width, whatever their distribution, so a width is judged on everything replayed there);
+wherever the ratio crosses 1 between two neighbouring widths, the crossover is interpolated linearly in
+log(width) vs log(ratio), and the cases at both bounding widths are named.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from logitreplay.replay.engine import ReplayResult
+
+
+@dataclass
+class Crossover:
+    """Between `lower_width` and `upper_width` columns the faster selector changes from `below` to
+    `above`; `width` is the interpolated crossing, `lower_cases` / `upper_cases` the bounding cases."""
+
+    width: float
+    below: str
+    above: str
+    lower_width: int
+    upper_width: int
+    lower_cases: list[str]
+    upper_cases: list[str]
+
+
+@dataclass
+class PairRule:
+    """One selector pair on one dtype: `ratios[w]` = time(a) / time(b) at width w, the crossovers, and
+    the rule in words."""
+
+    a: str
+    b: str
+    dtype: str
+    ratios: dict[int, float]
+    crossovers: list[Crossover] = field(default_factory=list)
+    rule: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ratios"] = {str(w): r for w, r in self.ratios.items()}
+        return d
+
+
+def recommend(result: ReplayResult) -> list[PairRule]:
+    """A rule for every pair of selectors that were both timed on cases of at least one common width."""
+    rules = []
+    dtypes = sorted({c.dtype for c in result.cases})
+    for dtype, (a, b) in itertools.product(dtypes, itertools.combinations(result.selectors, 2)):
+        logs: dict[int, list[float]] = {}
+        names: dict[int, list[str]] = {}
+        for case in result.cases:
+            ra, rb = case.result(a), case.result(b)
+            if case.dtype != dtype or ra is None or rb is None or ra.timing is None or rb.timing is None:
+                continue
+            if ra.timing.median_us <= 0 or rb.timing.median_us <= 0:
+                continue
+            logs.setdefault(case.cols, []).append(math.log(ra.timing.median_us / rb.timing.median_us))
+            names.setdefault(case.cols, []).append(case.case_id)
+        if not logs:
+            continue
+        widths = sorted(logs)
+        y = {w: sum(v) / len(v) for w, v in logs.items()}
+        pair = PairRule(a, b, dtype, {w: math.exp(y[w]) for w in widths})
+        for w0, w1 in itertools.pairwise(widths):
+            if (y[w0] < 0) != (y[w1] < 0) and y[w0] != y[w1]:
+                t = -y[w0] / (y[w1] - y[w0])
+                width = math.exp(math.log(w0) + t * (math.log(w1) - math.log(w0)))
+                faster_below, faster_above = (a, b) if y[w0] < 0 else (b, a)
+                pair.crossovers.append(Crossover(width, faster_below, faster_above, w0, w1, names[w0], names[w1]))
+        pair.rule = _rule(pair, widths, y)
+        rules.append(pair)
+    return rules
+
+
+def _rule(pair: PairRule, widths: list[int], y: dict[int, float]) -> str:
+    span = f"{widths[0]}-{widths[-1]} columns" if len(widths) > 1 else f"{widths[0]} columns"
+    if not pair.crossovers:
+        faster = pair.a if y[widths[0]] < 0 else pair.b
+        return f"{pair.dtype}: {faster} faster than {pair.b if faster == pair.a else pair.a} at every measured width ({span})"
+    parts = []
+    first = pair.crossovers[0]
+    parts.append(f"{first.below} when cols < {first.width:.0f}")
+    for prev, cur in itertools.pairwise(pair.crossovers):
+        parts.append(f"{prev.above} for {prev.width:.0f} <= cols < {cur.width:.0f}")
+    last = pair.crossovers[-1]
+    parts.append(f"{last.above} when cols >= {last.width:.0f}")
+    bounds = "; ".join(f"crossing between {c.lower_width} ({', '.join(c.lower_cases)}) and {c.upper_width} "
+                       f"({', '.join(c.upper_cases)})" for c in pair.crossovers)
+    return f"{pair.dtype}, {pair.a} vs {pair.b}: " + ", ".join(parts) + f" [{bounds}]"

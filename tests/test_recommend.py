@@ -1,0 +1,47 @@
+"""`replay --recommend`: the crossover width between two selectors, interpolated between the measured
+widths that bound it, and a plain rule when one selector wins everywhere."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from logitreplay.replay.engine import CaseResult, ReplayResult, SelectorResult
+from logitreplay.replay.recommend import recommend
+from logitreplay.replay.timing import Timing, TimingProtocol
+
+
+def _result(times: dict[int, tuple[float, float]]) -> ReplayResult:
+    cases = []
+    for cols, (native, deepselect) in times.items():
+        case = CaseResult(f"c{cols}", 1024, cols, 512, "float32", cols, "synthetic normal", cols * 4096)
+        case.results = [SelectorResult("native", "ok", timing=Timing([native], "cuda-events")),
+                        SelectorResult("deepselect", "ok", timing=Timing([deepselect], "cuda-events"))]
+        cases.append(case)
+    return ReplayResult("cuda:0", "test", TimingProtocol(), {}, "native", ["native", "deepselect"], cases)
+
+
+def test_crossover_is_interpolated_between_its_bounding_widths() -> None:
+    # native 2x faster at 4096, deepselect 2x faster at 16384: equal at the geometric middle, 8192.
+    (rule,) = recommend(_result({1024: (50, 200), 4096: (100, 200), 16384: (400, 200)}))
+    (cross,) = rule.crossovers
+    assert cross.width == pytest.approx(8192)
+    assert (cross.below, cross.above) == ("native", "deepselect")
+    assert (cross.lower_width, cross.upper_width) == (4096, 16384)
+    assert cross.lower_cases == ["c4096"] and cross.upper_cases == ["c16384"]
+    assert "native when cols < 8192" in rule.rule and "deepselect when cols >= 8192" in rule.rule
+    assert math.isclose(rule.ratios[16384], 2.0)
+    assert rule.to_json()["ratios"]["16384"] == pytest.approx(2.0)
+
+
+def test_one_winner_everywhere_is_said_plainly() -> None:
+    (rule,) = recommend(_result({4096: (100, 200), 16384: (150, 200)}))
+    assert rule.crossovers == []
+    assert rule.rule == "float32: native faster than deepselect at every measured width (4096-16384 columns)"
+
+
+def test_pairs_without_timings_give_no_rule() -> None:
+    result = _result({4096: (100, 200)})
+    result.cases[0].results[1] = SelectorResult("deepselect", "unsupported", reason="no GPU")
+    assert recommend(result) == []
