@@ -100,6 +100,21 @@ def test_card_records_models_revisions_engines_and_policy(tmp_path: Path) -> Non
     assert "| model.layers.3.self_attn.indexer |" in card.text and f"`{'f' * 40}`" in card.text
 
 
+@pytest.mark.parametrize("suite", ["seed-controls", "stress"])
+def test_published_control_suite_cards_match_their_recipes(suite: str) -> None:
+    card = DatasetCard.load(Path(__file__).parents[1] / "datasets" / suite / "README.md")
+    table = {r[0].strip("| `"): [c.strip(" `|") for c in r[1:]]
+             for r in (line.split(" | ") for line in card.text.splitlines() if line.startswith("| `"))}
+    recipes = synth.recipes(suite, "full")
+    assert sorted(table) == sorted(r.case_id for r in recipes)
+    for r in recipes:
+        assert table[r.case_id][1:5] == [str(r.rows), str(r.cols), str(r.top_k), r.dtype]
+    # Checksums: the smallest case regenerated here (the whole full-scale suite takes about a minute).
+    smallest = synth.generate(min(recipes, key=lambda r: r.rows * r.cols))
+    assert table[smallest.case_id][5:] == [str(smallest.nbytes), smallest.sha256()]
+    assert card.data.to_dict()["logitreplay"]["cases"] == len(recipes)
+
+
 # ---------------------------------------------------------------------------------------- staging
 
 
@@ -188,6 +203,17 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     pulled = Archive.open(out / "archive")
     assert pulled.case_ids() == [target] and _same(pulled.read(target), src.read(target))
     assert json.loads((out / hub.SOURCE_FILE).read_text())["commit"] == first["commit"]
+
+
+def test_replay_reads_a_dataset_straight_from_the_hub(loopback: LoopbackHub, suite_archive: Path,
+                                                      tmp_path: Path) -> None:
+    one = Archive.create(tmp_path / "one.zarr")
+    one.write(Archive.open(suite_archive).read("edges-normal-c2048-r128-k512-edges"))
+    loopback.publish_folder("org/one", hub.stage(one, "org/one", tmp_path / "stage").path)
+    r = CliRunner().invoke(main, ["replay", "hf://datasets/org/one/archive", "--selectors", "reference",
+                                  "--rounds", "1", "--strict"])
+    assert r.exit_code == 0, r.output
+    assert "2048" in r.output and "128" in r.output
 
 
 _FAILURES = [(cmd, sc) for cmd in ("pull", "inspect") for sc in ("missing-repo", "missing-revision", "bad-token",

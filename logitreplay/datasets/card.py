@@ -9,6 +9,7 @@ exact revisions, engines, capture policies, the selection contract) that tools c
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from huggingface_hub import DatasetCard, DatasetCardData
@@ -93,11 +94,14 @@ def _provenance_section(infos: list[CaseInfo], fields: dict[str, Any]) -> str:
     for e in fields["engines"]:
         lines.append(f"- Engine {e['name']} {e['version'] or ''}".rstrip() + ".")
     for pol in fields["capture_policy"]:
-        lines.append(f"- Capture policy: `{pol}`.")
+        lines.append(f"- Capture policy: `{pol if isinstance(pol, str) else json.dumps(pol, sort_keys=True)}`.")
     synthetic = [i for i in infos if _provenance(i).get("source") == "synthetic"]
+    suites = _distinct([_provenance(i).get("recipe", {}).get("suite") for i in synthetic])
     if synthetic:
         lines.append(f"- {len(synthetic)} synthetic control case(s): each case's `provenance.recipe` attribute "
-                     "regenerates it bit for bit (`logitreplay synth`).")
+                     "regenerates it bit for bit"
+                     + "".join(f"; `logitreplay synth --suite {s} --scale SCALE` writes the whole suite"
+                               for s in suites) + ".")
     lines.append("- Every array carries a sha256 checksum, verified on every read; the table's `sha256` is the "
                  "checksum of the in-range values.")
     return "\n".join(lines)
@@ -111,12 +115,22 @@ def build_card(archive: Archive, repo_id: str, license: str = "cc-by-4.0") -> Da
     data = DatasetCardData(license=license, pretty_name=title, tags=TAGS,
                            size_categories=[size_category(len(infos))], viewer=False, logitreplay=fields)
     url = f"hf://datasets/{repo_id}/archive"
+    if fields["sources"] == ["synthetic"]:
+        what = ("Synthetic control cases in the shapes of sparse-attention indexer logits: normal-random scores,\n"
+                "distribution ablations and edge cases. They explain what real captured logits do to a top-k\n"
+                "selector; they are not captured data.")
+    else:
+        what = ("Sparse-attention indexer logits captured from real model runs, each matrix exactly as the\n"
+                "engine's top-k selector received it.")
+    total = sum(case_row(i)["bytes"] for i in infos)
     body = f"""
 # {title}
 
-Sparse-attention indexer logits as top-k selection problems, in the logitreplay archive format (a zarr
-v3 group, one group of sharded arrays per case). Each case is one matrix exactly as a top-k kernel saw it: the in-range logits of each
-row, the row bounds, `top_k`, the source width and row stride, and its provenance.
+{what}
+
+Format: a logitreplay archive (a zarr v3 group; one group per case, each array a single shard) under
+`archive/`. A case holds the in-range logits of each row (float32, or bfloat16 as raw bits), the row
+bounds, `top_k`, the source width and row stride, and its provenance as JSON attributes.
 
 ## Replay
 
@@ -137,7 +151,7 @@ logitreplay export {url} --case <id> --out cases/   # one .safetensors per case
 
 ## Cases
 
-{len(infos)} cases, {sum(case_row(i)['bytes'] for i in infos)} bytes of in-range logits.
+{len(infos)} cases, {total} bytes ({total / 2**30:.2f} GiB) of in-range logits.
 
 {_table([case_row(i) for i in infos])}
 
@@ -151,7 +165,7 @@ logitreplay export {url} --case <id> --out cases/   # one .safetensors per case
 @misc{{{repo_id.replace('/', '_').replace('-', '_')},
   title        = {{{title}}},
   howpublished = {{Hugging Face dataset {repo_id}, commit <sha>}},
-  note         = {{Captured and packaged with logitreplay}}
+  note         = {{Packaged with logitreplay}}
 }}
 ```
 """
