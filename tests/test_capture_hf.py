@@ -211,3 +211,49 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path: Path, deepseek_dir: Path) -
     r = runner.invoke(main, ["capture", "hf", str(tmp_path / "missing"), "--random-tokens", "8",
                              "--out", str(tmp_path / "c.zarr")])
     assert r.exit_code == 1 and r.output.startswith("Error: ") and "cannot load" in r.output
+
+
+def test_prompts_run_as_sequences_cut_to_context_len(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+    vocab = {w: i for i, w in enumerate(["[UNK]", *dict.fromkeys(words)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    model = tmp_path / "model"
+    _tiny("glm_moe_dsa").save_pretrained(model)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(model)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(" ".join(words * 3) + "\n\n" + " ".join(words[:5] * 2) + "\n")  # 27 and 10 tokens
+    out = tmp_path / "cap.zarr"
+    summary = _capture([str(model), "--prompts", str(prompts), "--context-len", "16", "--chunk-size", "8",
+                        "--out", str(out)])
+    assert summary["sequences"] == 2 and summary["tokens"] == 16 + 10
+    # default policy: sequence 0 gives widths 8 and 16, sequence 1 adds only width 10 (8 was taken)
+    assert all(widths == [8, 10, 16] for widths in summary["widths"].values())
+    chunks = sorted((c.attrs["chunk"]["sequence"], c.cols) for c in Archive.open(out))
+    assert chunks == [(0, 8), (0, 8), (0, 16), (0, 16), (1, 10), (1, 10)]
+
+
+def test_hub_model_records_the_cached_snapshot_sha_offline(tmp_path: Path, deepseek_dir: Path) -> None:
+    """A hub id loaded offline from the cache records the exact commit of the snapshot it resolved to."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-dsa"
+    shutil.copytree(deepseek_dir, repo / "snapshots" / sha)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(sha)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "cap.zarr"
+    proc = subprocess.run([sys.executable, "-c", "from logitreplay.cli import main; main()", "capture", "hf", "tiny-org/tiny-dsa",
+                           "--random-tokens", "16", "--chunk-size", "16", "--out", str(out), "--json"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["revision"] == sha
+    for case in Archive.open(out):
+        a = case.attrs
+        assert a["model"] == "tiny-org/tiny-dsa" and a["model_source"] == "hub" and a["revision"] == sha
