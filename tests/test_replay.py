@@ -142,3 +142,17 @@ def test_unusable_input_is_a_one_line_error(args: list[str], message: str) -> No
     assert res.exit_code != 0
     assert message in res.output
     assert "Traceback" not in res.output
+
+
+def test_captured_case_source_and_fast_path() -> None:
+    from logitreplay.replay.engine import describe_source, fast_path
+
+    case = plugins.plugin_case()
+    case.attrs = {"model": "/models/tiny-dsv32", "layer_index": 3, "chunk": {"requests": 1}}
+    assert describe_source(case) == "tiny-dsv32 layer 3"
+    assert fast_path(case) == (False, "rows start past column 0 (multi-request chunk)")
+    case.row_starts[:] = 0
+    case.row_stride = 256  # 1024 bytes of float32
+    assert fast_path(case) == (True, "")
+    case.attrs["chunk"] = {"requests": 2}
+    assert fast_path(case) == (False, "2 requests in the chunk")

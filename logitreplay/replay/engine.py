@@ -156,7 +156,13 @@ def describe_source(case: Case) -> str:
     a = case.attrs
     if a.get("source") == "synthetic":
         return str(a.get("distribution", "synthetic"))
-    parts = [str(a[k]) for k in ("model", "model_id", "layer", "layer_name") if a.get(k) is not None]
+    parts = []
+    if a.get("model"):
+        parts.append(str(a["model"]).rstrip("/").rsplit("/", 1)[-1])  # a local path or an org/name id
+    if a.get("layer_index") is not None:
+        parts.append(f"layer {a['layer_index']}")
+    elif a.get("layer_name"):
+        parts.append(str(a["layer_name"]))
     return " ".join(parts) or str(a.get("source", "captured"))
 
 
@@ -167,6 +173,9 @@ def fast_path(case: Case) -> tuple[bool, str]:
         return False, f"top_k {case.top_k} > {_DEEPSELECT_MAX_K}"
     if case.rows and bool((case.row_starts != 0).any()):
         return False, "rows start past column 0 (multi-request chunk)"
+    chunk = case.attrs.get("chunk")
+    if isinstance(chunk, dict) and int(chunk.get("requests", 1)) > 1:
+        return False, f"{chunk['requests']} requests in the chunk"
     if (case.row_stride * _ELEMENT_BYTES[case.dtype]) % _DEEPSELECT_ROW_ALIGN:
         return False, f"row stride {case.row_stride} is not {_DEEPSELECT_ROW_ALIGN}-byte aligned"
     return True, ""
