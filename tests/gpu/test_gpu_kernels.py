@@ -85,6 +85,20 @@ def test_random_shapes_bounds_and_strides(kernel: str) -> None:
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dist", ["normal+100", "normal*1e-8", "low10"])
+def test_many_rows_and_concentrated_values(kernel: str, dist: str) -> None:
+    """Past 12288 rows native finishes threshold bins by radix select instead of rank counting (as
+    upstream switches to a radix sort there); concentrated values fill those bins up to 2048."""
+    rng = np.random.default_rng(11)
+    rows, cols = 12800, 3000
+    ends = np.full(rows, cols, np.int32)
+    ends[::7] = rng.integers(0, cols, size=ends[::7].shape[0])
+    values = synth._distribution(dist, rng, int(ends.sum()))
+    case = Case.from_rows(f"many-{dist}", values, np.zeros(rows, np.int32), ends, top_k=512, cols=cols)
+    assert _verify(kernel, case) == []
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_nan_inside_a_row_is_reported(kernel: str) -> None:
     rng = np.random.default_rng(3)
     values = rng.standard_normal(4 * 5000).astype(np.float32)
