@@ -41,7 +41,13 @@ def run(out: Path, selectors: str, extra: list[str]) -> None:
         if name == "events-1":
             cmd += extra
         print("$", " ".join(["logitreplay", *cmd[3:]]), flush=True)
-        subprocess.run(cmd, check=True)
+        rc = subprocess.run(cmd).returncode
+        if not (out / f"{name}.json").is_file():
+            sys.exit(f"{name}: the replay wrote no JSON (exit status {rc})")
+        if rc != 0:
+            # Seen with torch 2.11 after CUPTI profiling: a heap abort at interpreter exit, after the
+            # JSON was complete (torch's CUPTI buffer teardown; fixed upstream later).
+            print(f"{name}: exit status {rc} after writing its JSON", flush=True)
 
 
 def medians(path: Path) -> tuple[dict[str, dict[str, float]], dict[str, float], dict[str, Any]]:
