@@ -101,3 +101,22 @@ def test_block_order_is_a_fixed_permutation() -> None:
     assert sorted(order.tolist()) == list(range(37))
     assert order.tolist() != list(range(37))
     assert torch.equal(order, models.block_order(37))
+
+
+@pytest.mark.parametrize("name", SELECTORS)
+def test_launch_reads_bounds_changed_in_place(name: str) -> None:
+    """What CUDA graph replay relies on: a prepared launch picks up new row bounds written in place."""
+    from logitreplay.replay.verify import OutputBuffer, check_output, expected_values
+
+    case = Case.from_rows("inplace", np.random.default_rng(4).standard_normal(4 * 300).astype(np.float32),
+                          np.zeros(4, np.int32), np.full(4, 300, np.int32), top_k=16, cols=300)
+    logits = case.padded()
+    starts, ends = torch.from_numpy(case.row_starts.copy()), torch.from_numpy(case.row_ends.copy())
+    out = OutputBuffer(case.rows, case.top_k, "cpu")
+    launch = build(name).prepare(logits, starts, ends, case.top_k, out.view)
+    launch()
+    ends.copy_(torch.tensor([300, 7, 150, 0], dtype=torch.int32))
+    starts.copy_(torch.tensor([0, 2, 100, 0], dtype=torch.int32))
+    out.reset()
+    launch()
+    assert check_output(case, logits, starts, ends, out, expected_values(logits, starts, ends, case.top_k)) == []

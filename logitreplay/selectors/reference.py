@@ -46,7 +46,7 @@ class ReferenceSelector:
         idx = torch.empty((chunk, top_k), dtype=torch.int64, device=dev)
         rel = torch.empty((chunk, top_k), dtype=torch.int32, device=dev)
         tail = torch.empty((chunk, top_k), dtype=torch.bool, device=dev)
-        lengths = (row_ends - row_starts).unsqueeze(1)
+        lengths = torch.empty((chunk, 1), dtype=row_ends.dtype, device=dev)
         neg_inf = float("-inf")
         spans = [(r0, min(rows, r0 + chunk)) for r0 in range(0, rows, chunk)]
 
@@ -63,7 +63,8 @@ class ReferenceSelector:
                 torch.topk(m, top_k, dim=1, out=(v, i))
                 rel[:n].copy_(i)
                 rel[:n].sub_(starts[r0:r1])
-                torch.ge(slot, lengths[r0:r1], out=tail[:n])
+                torch.sub(ends[r0:r1], starts[r0:r1], out=lengths[:n])  # bounds are read at launch time
+                torch.ge(slot, lengths[:n], out=tail[:n])
                 rel[:n].masked_fill_(tail[:n], -1)
                 out[r0:r1].copy_(rel[:n])
 
