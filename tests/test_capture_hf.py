@@ -257,3 +257,40 @@ def test_hub_model_records_the_cached_snapshot_sha_offline(tmp_path: Path, deeps
     for case in Archive.open(out):
         a = case.attrs
         assert a["model"] == "tiny-org/tiny-dsa" and a["model_source"] == "hub" and a["revision"] == sha
+
+
+class ScoreTopk(torch.nn.Module):
+    """A user's own indexer: scores the keys it is given; when no mask is passed it masks the keys after each
+    query's position itself (as transformers 5.11 indexers do when attention is plainly causal)."""
+
+    def forward(self, hidden_states: torch.Tensor, keys: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        scores = hidden_states @ keys.transpose(1, 2)
+        if attention_mask is None:
+            assert position_ids is not None
+            after = torch.arange(keys.shape[1]) > position_ids[..., None]
+            scores = scores.masked_fill(after, float("-inf"))
+        else:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        return scores.topk(min(4, keys.shape[1]), dim=-1).indices
+
+
+def test_modules_named_by_pattern_with_or_without_a_mask(tmp_path: Path) -> None:
+    model = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([torch.nn.ModuleDict({"scorer": ScoreTopk()})])})
+    scorer = model["blocks"][0]["scorer"]
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every"))))
+    assert capture.attach(model, pattern=r"blocks\.\d+\.scorer", classes=()) == ["blocks.0.scorer"]
+    g = torch.Generator().manual_seed(3)
+    hidden, keys = torch.randn(1, 6, 8, generator=g), torch.randn(1, 10, 8, generator=g)
+    scorer(hidden, keys, position_ids=torch.arange(4, 10)[None])  # the last 6 of 10 tokens, no mask
+    window = torch.zeros(1, 6, 10, dtype=torch.bool)
+    window[0, :, 2:7] = True  # an explicit mask: every query attends to keys [2, 7)
+    scorer(hidden, keys, window)
+    summary = capture.close()
+    assert summary["captured"] == 2 and summary["error"] is None
+    causal, windowed = sorted(Archive.open(tmp_path / "cap.zarr"), key=lambda c: c.case_id)
+    assert causal.row_starts.tolist() == [0] * 6 and causal.row_ends.tolist() == list(range(5, 11))
+    assert windowed.row_starts.tolist() == [2] * 6 and windowed.row_ends.tolist() == [7] * 6
+    for case in (causal, windowed):
+        assert case.top_k == 4 and case.attrs["layer_name"] == "blocks.0.scorer" and case.attrs["layer_index"] == 0
+        _assert_reference_is_topk(case)

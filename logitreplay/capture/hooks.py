@@ -14,7 +14,10 @@ capture costs nothing.
 Row bounds come from the mask argument: boolean (sdpa: True = attend) or additive float (eager: 0 = attend,
 a large negative or -inf = masked). Each row's attended columns must be one contiguous range [start, end)
 (causal, with left padding giving non-zero starts); fully masked rows (padding queries) become empty
-rows [0, 0). The indices the module's top-k returned are kept as `reference_indices` in our semantics:
+rows [0, 0). Some transformers versions pass no mask when attention is plainly causal and mask keys after
+each query's `position_ids` instead; then the bounds are [0, position + 1), and since the width is not
+visible before the forward, such calls enter the mode when the policy wants their layer and are checked
+against the width afterwards. The indices the module's top-k returned are kept as `reference_indices` in our semantics:
 relative to start, int32. When a row is shorter than top_k the module's own top-k still returns k indices,
 the surplus pointing at masked cells; those are mapped faithfully to -1 and moved to the tail.
 
@@ -56,14 +59,15 @@ class _Site:
     name: str
     layer_index: int
     mask_arg: int  # position of `attention_mask` among the forward's positional arguments
+    positions_arg: int | None  # position of `position_ids`, used when no mask is passed
     top_k: int | None  # the module's configured top-k (`index_topk`), when it has one
 
 
 class _TopkRecorder(TorchFunctionMode):
     """Active only inside one wanted indexer forward: remembers the first top-k over the last dimension
-    of a matrix of the expected [B, S, T] shape, and the indices it returned."""
+    of a matrix of the expected [B, S, T] shape (T None: any), and the indices it returned."""
 
-    def __init__(self, shape: tuple[int, int, int]) -> None:
+    def __init__(self, shape: tuple[int, int, int | None]) -> None:
         super().__init__()
         self.shape = shape
         self.scores: torch.Tensor | None = None
@@ -77,7 +81,8 @@ class _TopkRecorder(TorchFunctionMode):
             x = args[0]
             dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
             largest = kwargs.get("largest", args[3] if len(args) > 3 else True)
-            if tuple(x.shape) == self.shape and dim in (-1, 2) and largest:
+            b, s, t = self.shape
+            if x.dim() == 3 and x.shape[:2] == (b, s) and t in (None, x.shape[2]) and dim in (-1, 2) and largest:
                 self.scores, self.indices = x, out[1]
         return out
 
@@ -98,7 +103,8 @@ class IndexerCapture:
         self.error: str | None = None
         self.sites: list[_Site] = []
         self._handles: list[Any] = []
-        self._active: tuple[_Site, _TopkRecorder, torch.Tensor] | None = None
+        # (site, recorder, mask or None, position_ids when there is no mask)
+        self._active: tuple[_Site, _TopkRecorder, torch.Tensor | None, torch.Tensor | None] | None = None
         self._device_names: dict[str, str] = {}
 
     def attach(self, model: torch.nn.Module, pattern: str | None = None,
@@ -109,7 +115,9 @@ class IndexerCapture:
         for order, (name, module) in enumerate(model.named_modules()):
             if type(module).__name__ not in classes and not (rx and rx.fullmatch(name)):
                 continue
-            site = _Site(name, _layer_index(name, module, order), _mask_position(name, module),
+            params = _forward_params(name, module)
+            site = _Site(name, _layer_index(name, module, order), params.index("attention_mask"),
+                         params.index("position_ids") if "position_ids" in params else None,
                          _int_or_none(getattr(module, "index_topk", None)))
             self._handles.append(module.register_forward_pre_hook(
                 lambda m, a, k, s=site: self._pre(s, a, k), with_kwargs=True))
@@ -146,15 +154,25 @@ class IndexerCapture:
             if self.writer.failed:
                 self._fail(f"writer stopped: {self.writer.error}")
                 return
-            mask = args[site.mask_arg] if len(args) > site.mask_arg else kwargs.get("attention_mask")
             hidden = args[0] if args else kwargs.get("hidden_states")
-            if not isinstance(mask, torch.Tensor) or not isinstance(hidden, torch.Tensor):
-                raise _LayoutError(f"{site.name}: forward got no attention_mask / hidden_states tensor")
-            if not self.selection.wants(site.layer_index, int(mask.shape[-1])):
-                return
-            recorder = _TopkRecorder((int(hidden.shape[0]), int(hidden.shape[1]), int(mask.shape[-1])))
+            mask = _argument(args, kwargs, site.mask_arg, "attention_mask")
+            positions = None
+            if mask is None:
+                positions = _argument(args, kwargs, site.positions_arg, "position_ids")
+                if not isinstance(positions, torch.Tensor):
+                    raise _LayoutError(f"{site.name}: forward got neither an attention_mask nor position_ids")
+                if not self.selection.wants_layer(site.layer_index):
+                    return
+                width = None
+            else:
+                width = int(mask.shape[-1])
+                if not self.selection.wants(site.layer_index, width):
+                    return
+            if not isinstance(hidden, torch.Tensor):
+                raise _LayoutError(f"{site.name}: forward got no hidden_states tensor")
+            recorder = _TopkRecorder((int(hidden.shape[0]), int(hidden.shape[1]), width))
             recorder.__enter__()
-            self._active = (site, recorder, mask)
+            self._active = (site, recorder, mask, positions)
         except Exception as e:
             self._fail(f"{type(e).__name__}: {e}")
 
@@ -166,18 +184,25 @@ class IndexerCapture:
         if output is None:  # the forward raised; its exception propagates, nothing to keep
             return
         try:
-            _, recorder, mask = active
+            _, recorder, mask, positions = active
             if recorder.scores is None or recorder.indices is None:
                 raise _LayoutError(f"{site.name}: no top-k over a {recorder.shape} score matrix in its forward")
-            self._keep(site, recorder.scores, recorder.indices, mask)
+            self._keep(site, recorder.scores, recorder.indices, mask, positions)
         except Exception as e:
             self._fail(f"{type(e).__name__}: {e}")
 
-    def _keep(self, site: _Site, scores: torch.Tensor, indices: torch.Tensor, mask: torch.Tensor) -> None:
+    def _keep(self, site: _Site, scores: torch.Tensor, indices: torch.Tensor, mask: torch.Tensor | None,
+              positions: torch.Tensor | None) -> None:
         if scores.dtype not in (torch.float32, torch.bfloat16):
             raise _LayoutError(f"{site.name}: score matrix is {scores.dtype}, expected float32 or bfloat16")
         b, s, t = scores.shape
-        starts, ends, starts_h, ends_h = row_bounds(mask, (b, s, t), site.name)
+        if mask is not None:
+            starts, ends, starts_h, ends_h = row_bounds(mask, (b, s, t), site.name)
+        elif not self.selection.wants(site.layer_index, t):
+            return
+        else:
+            assert positions is not None
+            starts, ends, starts_h, ends_h = causal_bounds(positions, (b, s, t), site.name)
         matrix = scores.reshape(b * s, t)
         top_k = site.top_k or int(indices.shape[-1])
         reference = relative_indices(indices.reshape(b * s, -1), starts, ends, top_k)
@@ -249,6 +274,19 @@ def row_bounds(mask: torch.Tensor, shape: tuple[int, int, int], where: str
     return starts, ends, host[0], host[1]
 
 
+def causal_bounds(positions: torch.Tensor, shape: tuple[int, int, int], where: str
+                  ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+    """Row bounds when keys after each query's position are masked: [0, position + 1), clipped to T."""
+    b, s, t = shape
+    try:
+        ends = (positions.to(torch.int64) + 1).clamp(0, t).expand(b, s).reshape(b * s)
+    except RuntimeError:
+        raise _LayoutError(f"{where}: position_ids {tuple(positions.shape)} do not match scores {shape}") from None
+    starts = torch.zeros_like(ends)
+    ends_h = ends.cpu().numpy()
+    return starts, ends, np.zeros_like(ends_h), ends_h
+
+
 def relative_indices(indices: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int
                      ) -> torch.Tensor:
     """Absolute column indices (rows, k) -> our semantics: relative to start, int32, in-range picks
@@ -264,12 +302,18 @@ def relative_indices(indices: torch.Tensor, starts: torch.Tensor, ends: torch.Te
     return rel[:, :top_k].to(torch.int32)
 
 
-def _mask_position(name: str, module: torch.nn.Module) -> int:
+def _forward_params(name: str, module: torch.nn.Module) -> list[str]:
     params = list(inspect.signature(module.forward).parameters)
     if "attention_mask" not in params:
         raise CaptureError(f"{name} ({type(module).__name__}): forward has no 'attention_mask' argument; "
                            "cannot derive row bounds")
-    return params.index("attention_mask")
+    return params
+
+
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], position: int | None, name: str) -> Any:
+    if position is not None and len(args) > position:
+        return args[position]
+    return kwargs.get(name)
 
 
 def _layer_index(name: str, module: torch.nn.Module, order: int) -> int:

@@ -113,6 +113,10 @@ class Selection:
             return False
         return not self.exhausted()
 
+    def wants_layer(self, layer: int) -> bool:
+        """The decision when a call's width is not visible from its inputs (checked again once it is)."""
+        return (self.policy.layers is None or layer in self.policy.layers) and not self.exhausted()
+
     def admit(self, layer: int, width: int, nbytes: int, single_request: bool) -> bool:
         """Final decision once bounds are known; counts the reason when the answer is no."""
         if self.policy.single_request_only and not single_request:
