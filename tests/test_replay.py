@@ -150,9 +150,9 @@ def test_captured_case_source_and_fast_path() -> None:
     case = plugins.plugin_case()
     case.attrs = {"model": "/models/tiny-dsv32", "layer_index": 3, "chunk": {"requests": 1}}
     assert describe_source(case) == "tiny-dsv32 layer 3"
-    assert fast_path(case) == (False, "rows start past column 0 (multi-request chunk)")
+    assert fast_path(case) == (False, "rows start past column 0")
     case.row_starts[:] = 0
     case.row_stride = 256  # 1024 bytes of float32
     assert fast_path(case) == (True, "")
     case.attrs["chunk"] = {"requests": 2}
-    assert fast_path(case) == (False, "2 requests in the chunk")
+    assert fast_path(case) == (False, "2 requests")

@@ -62,6 +62,7 @@ def table(result: ReplayResult) -> Table:
     t.add_column("query rows", justify="right")
     t.add_column("k", justify="right")
     t.add_column("source")
+    t.add_column("DS fast path")  # would vLLM route this case to DeepSelect's prefill fast path
     if any(c.floor_us is not None for c in result.cases):
         t.add_column("read floor us", justify="right")
     for name in result.selectors:
@@ -72,7 +73,8 @@ def table(result: ReplayResult) -> Table:
     for name in others:
         t.add_column(f"{result.baseline}/{name}", justify="right")
     for case in result.cases:
-        row = [str(case.cols), str(case.rows), str(case.top_k), _source(case)]
+        row = [str(case.cols), str(case.rows), str(case.top_k), _source(case),
+               "yes" if case.fast_path else f"no: {case.fast_path_note}"]
         if any(c.floor_us is not None for c in result.cases):
             row.append("" if case.floor_us is None else f"{case.floor_us:.1f}")
         if case.invalid:
