@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from logitreplay.archive import Case
+
 NATIVE_BINS = 2048
 NATIVE_FINAL_ITEMS = 2048
 _NATIVE_PASSES = 4  # one fp16 pass, then fp32 bits 31-21, 20-10, 9-0
@@ -224,11 +226,14 @@ def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
     return out, compactions, appended
 
 
-def work_summary(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                 top_k: int) -> dict[str, float]:
-    """The counters `inspect --work` and the replay report show for one case, summarised over rows."""
-    _, nw = native_topk(logits, row_starts, row_ends, top_k)
-    _, dw = deepselect_topk(logits, row_starts, row_ends, top_k)
+def case_work(case: Case) -> dict[str, float]:
+    """The models' work counters on one case, summarised over its rows (what `inspect --work` shows):
+    native's histogram passes (mean, max) and finishing-sort size, DeepSelect's compactions (mean, max)
+    and candidates appended per row."""
+    logits = case.padded()
+    starts, ends = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
+    _, nw = native_topk(logits, starts, ends, case.top_k)
+    _, dw = deepselect_topk(logits, starts, ends, case.top_k)
 
     def mean(a: np.ndarray) -> float:
         return float(a.mean()) if a.size else 0.0
