@@ -62,10 +62,6 @@ def hf_cmd(model: str, revision: str | None, prompts: Path | None, random_tokens
         summary = _with_progress(run, capture_hf, quiet=as_json)
     except (CaptureError, PolicyError, UnicodeDecodeError) as e:
         raise click.ClickException(" ".join(str(e).split())) from None
-    except RuntimeError as e:  # torch: unknown or unavailable device
-        if "device" not in str(e).lower():
-            raise
-        raise click.ClickException(f"device {device!r}: {' '.join(str(e).split())[:200]}") from None
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

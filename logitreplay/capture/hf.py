@@ -57,7 +57,12 @@ def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -
         raise CaptureError(f"capture hf needs transformers (pip install 'logitreplay[hf]'): {e}") from None
     if run.chunk_size < 1:
         raise CaptureError(f"chunk size must be >= 1, got {run.chunk_size}")
-    device = torch.device(run.device)
+    try:
+        device = torch.device(run.device)
+    except RuntimeError as e:
+        raise CaptureError(f"device {run.device!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CaptureError(f"device {run.device!r}: torch sees no CUDA device (torch {torch.__version__})")
     dtype = _DTYPES.get(run.dtype) if run.dtype != "auto" else (torch.bfloat16 if device.type == "cuda"
                                                                  else torch.float32)
     if dtype is None:

@@ -12,6 +12,7 @@ exact byte size are known. Decisions are counted, never raised: the model must n
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,7 @@ class Selection:
     nbytes: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def exhausted(self) -> bool:
         p = self.policy
@@ -120,13 +122,13 @@ class Selection:
     def admit(self, layer: int, width: int, nbytes: int, single_request: bool) -> bool:
         """Final decision once bounds are known; counts the reason when the answer is no."""
         if self.policy.single_request_only and not single_request:
-            self.count(self.skipped, "multi_request")
+            self.skip("multi_request")
             return False
         if self.policy.max_bytes is not None and self.nbytes + nbytes > self.policy.max_bytes:
-            self.count(self.dropped, "over_byte_budget")
+            self.drop("over_byte_budget")
             return False
         if self.exhausted():
-            self.count(self.dropped, "over_case_budget")
+            self.drop("over_case_budget")
             return False
         return True
 
@@ -136,9 +138,14 @@ class Selection:
         self.cases += 1
         self.nbytes += nbytes
 
-    @staticmethod
-    def count(counter: dict[str, int], reason: str) -> None:
-        counter[reason] = counter.get(reason, 0) + 1
+    def drop(self, reason: str) -> None:
+        """Count a wanted matrix that could not be kept (the model thread and the writer thread both drop)."""
+        with self._lock:
+            self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def skip(self, reason: str) -> None:
+        with self._lock:
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
 
 def parse_size(text: str) -> int:

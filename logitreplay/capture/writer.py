@@ -99,14 +99,14 @@ class CaptureWriter:
         if not self.selection.admit(layer_index, cols, nbytes, single_request):
             return False
         if self.failed or self._closed:
-            Selection.count(self.selection.dropped, "writer_off")
+            self.selection.drop("writer_off")
             return False
         with self._lock:
             full = self._queue.full() or self._pending_bytes + nbytes > self.max_pending_bytes
             if not full:
                 self._pending_bytes += nbytes
         if full:
-            Selection.count(self.selection.dropped, "queue_full")
+            self.selection.drop("queue_full")
             return False
         values = gather_rows(logits, starts, ends)
         ref = None if reference is None else reference.to(torch.int32).clone(memory_format=torch.contiguous_format)
@@ -157,7 +157,7 @@ class CaptureWriter:
                 return
             try:
                 if self.failed:
-                    Selection.count(self.selection.dropped, "writer_off")
+                    self.selection.drop("writer_off")
                     continue
                 values, reference = self._to_host(item)
                 case = Case.from_rows(item.case_id, values, item.row_starts, item.row_ends, top_k=item.top_k,
@@ -170,7 +170,7 @@ class CaptureWriter:
                     self.widths.setdefault(item.layer_name, set()).add(item.cols)
             except Exception as e:  # a full disk or a bad case must not reach the model: log once, stop
                 self._fail(f"writing case {item.case_id}: {type(e).__name__}: {e}")
-                Selection.count(self.selection.dropped, "writer_error")
+                self.selection.drop("writer_error")
             finally:
                 with self._lock:
                     self._pending_bytes -= item.nbytes
