@@ -264,7 +264,11 @@ def replay(cases: Iterable[Case], selectors: Sequence[Selector], device: torch.d
 
 def open_cases(locations: Sequence[str], suite: str | None, scale: str) -> tuple[Iterator[Case], int]:
     """Cases to replay and how many: every complete case of each archive (path or URL), then the
-    built-in suite if one is named. Archives are opened (and so checked) before anything runs."""
+    built-in suite if one is named. Archives are opened (and so checked) before anything runs.
+
+    A suite is regenerated case by case from its recipes rather than cached on disk: generation is
+    bit-identical everywhere and costs less than writing and re-reading the ~3.5 GB full-scale suite
+    (a fresh GPU machine would pay that write on every first run)."""
     from logitreplay.datasets import synth
 
     archives = [Archive.open(loc) for loc in locations]
