@@ -156,3 +156,10 @@ def test_captured_case_source_and_fast_path() -> None:
     assert fast_path(case) == (True, "")
     case.attrs["chunk"] = {"requests": 2}
     assert fast_path(case) == (False, "2 requests")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_gpu_is_a_one_line_error() -> None:
+    res = CliRunner().invoke(main, ["replay", "--device", "cuda"])
+    assert res.exit_code == 1
+    assert "torch sees no CUDA device" in res.output and "Traceback" not in res.output
