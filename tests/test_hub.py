@@ -156,9 +156,20 @@ def test_staging_refuses_a_used_folder_and_archives_beyond_the_limits(
     runner = CliRunner()
     r = runner.invoke(main, ["push", str(suite_archive), REPO, "--dry-run", "--stage", str(used)])
     assert r.exit_code == 1 and _one_line_error(r.output) and (used / "keep.txt").read_text() == "mine"
+    damaged = tmp_path / "damaged.zarr"
+    shutil.copytree(suite_archive, damaged)
+    chunk = damaged / "cases" / "dist-relu-c2048-r128-k512" / "values" / "c" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-8] + b"\0" * 8)
+    r = runner.invoke(main, ["push", str(damaged), REPO, "--dry-run", "--stage", str(tmp_path / "d")])
+    assert r.exit_code == 1 and _one_line_error(r.output) and "dist-relu" in r.output
+    assert not (tmp_path / "d").exists()  # a failed staging leaves nothing behind
     monkeypatch.setattr(hub, "HUB_MAX_FILES", 50)
     r = runner.invoke(main, ["push", str(suite_archive), REPO, "--dry-run", "--stage", str(tmp_path / "big")])
     assert r.exit_code == 1 and _one_line_error(r.output) and "beyond the Hub's limits" in r.output
+    assert not (tmp_path / "big").exists()
+    monkeypatch.setattr(hub, "HUB_MAX_FOLDER_ENTRIES", 5)  # refused before anything is written
+    r = runner.invoke(main, ["push", str(suite_archive), REPO, "--dry-run", "--stage", str(tmp_path / "wide")])
+    assert r.exit_code == 1 and "13 entries in archive/cases" in r.output and not (tmp_path / "wide").exists()
 
 
 # ---------------------------------------------------------------------------- over HTTP (loopback)

@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from logitreplay.archive import Archive, ArchiveError, _codecs
+from logitreplay.archive import _CHUNK, Archive, ArchiveError, _codecs
 from logitreplay.datasets.card import build_card
 
 ARCHIVE_DIR = "archive"
@@ -35,7 +36,6 @@ ARCHIVE_DIR = "archive"
 HUB_MAX_FILES = 100_000
 HUB_MAX_FOLDER_ENTRIES = 10_000
 MAX_SHARD_BYTES = 4 << 30
-_CHUNK = 1 << 22  # elements per chunk, as the archive writes them
 _CASE_ARRAYS = ("values", "offsets", "row_starts", "row_ends", "reference_indices")
 _HF_URL = re.compile(r"^hf://(?P<type>datasets|models|spaces)/(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?(?P<path>/.*)?$")
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -191,28 +191,49 @@ def _count(folder: Path) -> tuple[int, tuple[str, int], int]:
     return files, largest, size
 
 
-def stage(archive: Archive, repo_id: str, dest: Path, license: str = "cc-by-4.0") -> Staged:
-    """Write the exact folder a push uploads: the card and the sharded archive, within the Hub's limits."""
+def _beyond_limits(archive: Archive, cases: int, files: int, largest: tuple[str, int]) -> ArchiveError | None:
+    if files < HUB_MAX_FILES and largest[1] < HUB_MAX_FOLDER_ENTRIES:
+        return None
+    return ArchiveError(f"{archive.location}: {cases} cases make {files} files ({largest[1]} entries in "
+                        f"{largest[0]}), beyond the Hub's limits ({HUB_MAX_FILES} files, "
+                        f"{HUB_MAX_FOLDER_ENTRIES} per folder); split the archive")
+
+
+def stage(archive: Archive, repo_id: str, dest: Path | None = None, license: str = "cc-by-4.0") -> Staged:
+    """Write the exact folder a push uploads: the card and the sharded archive, within the Hub's limits.
+
+    `dest` must be empty or absent; None stages into a new temporary folder. A folder this call created
+    is removed again if staging fails, so a failed push leaves nothing behind.
+    """
     import zarr
 
-    if dest.exists() and any(dest.iterdir()):
+    if dest is not None and dest.exists() and any(dest.iterdir()):
         raise ArchiveError(f"{dest}: staging folder exists and is not empty")
     infos = archive.infos()
     complete = [i for i in infos if i.complete]
     if not complete:
         raise ArchiveError(f"{archive.location}: no complete cases to push")
-    root = zarr.open_group(str(dest / ARCHIVE_DIR), mode="w-", zarr_format=3)
-    root.attrs.update(archive.attrs)
-    cases_group = root.require_group("cases")
-    for info in complete:
-        _copy_case(archive, info.case_id, info.attrs, cases_group)
-    staged = Archive.open(dest / ARCHIVE_DIR)
-    build_card(staged, repo_id, license=license).save(dest / "README.md")
-    files, largest, size = _count(dest)
-    if files >= HUB_MAX_FILES or largest[1] >= HUB_MAX_FOLDER_ENTRIES:
-        raise ArchiveError(f"{archive.location}: {len(complete)} cases make {files} files ({largest[1]} entries in "
-                           f"{largest[0]}), beyond the Hub's limits ({HUB_MAX_FILES} files, "
-                           f"{HUB_MAX_FOLDER_ENTRIES} per folder); split the archive")
+    # The one count known before writing anything: `cases/` holds one folder per case and its zarr.json.
+    early = _beyond_limits(archive, len(complete), 0, (f"{ARCHIVE_DIR}/cases", len(complete) + 1))
+    if early is not None:
+        raise early
+    created = dest is None or not dest.exists()
+    dest = Path(tempfile.mkdtemp(prefix="logitreplay-push-")) if dest is None else dest.resolve()
+    try:
+        root = zarr.open_group(str(dest / ARCHIVE_DIR), mode="w-", zarr_format=3)
+        root.attrs.update(archive.attrs)
+        cases_group = root.require_group("cases")
+        for info in complete:
+            _copy_case(archive, info.case_id, info.attrs, cases_group)
+        build_card(Archive.open(dest / ARCHIVE_DIR), repo_id, license=license).save(dest / "README.md")
+        files, largest, size = _count(dest)
+        error = _beyond_limits(archive, len(complete), files, largest)
+        if error is not None:
+            raise error
+    except BaseException:
+        if created:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
     return Staged(dest, [i.case_id for i in complete], [i.case_id for i in infos if not i.complete],
                   files, largest, size)
 
@@ -292,10 +313,6 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
     pulled = Pulled(repo_id, revision or "main", sha, target)
     (target / SOURCE_FILE).write_text(json.dumps({**pulled.to_json(), "url": hf_url(repo_id, sha)}, indent=1) + "\n")
     return pulled
-
-
-def new_stage_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="logitreplay-push-"))
 
 
 __all__ = ["ARCHIVE_DIR", "Pulled", "Pushed", "Staged", "hub_errors", "parse_ref", "pin_url", "pull", "push",

@@ -83,20 +83,20 @@ def push_cmd(location: str, repo_id: str, private: bool, dry_run: bool, stage_di
     file-count limits. Prints the pinned hf:// URL that `replay` and `inspect` read."""
     hub.parse_ref(repo_id)
     archive = Archive.open(location)
-    temporary = stage_dir is None
-    staged = hub.stage(archive, repo_id, stage_dir or hub.new_stage_dir(), license=license_id)
+    staged = hub.stage(archive, repo_id, stage_dir, license=license_id)
     if dry_run:
         if as_json:
             click.echo(json.dumps({"dry_run": True, **staged.to_json()}))
         else:
-            click.echo(f"staged {len(staged.cases)} cases, {staged.files} files, {staged.bytes} bytes "
+            skipped = f"; skipped {len(staged.skipped_incomplete)} incomplete" if staged.skipped_incomplete else ""
+            click.echo(f"staged {len(staged.cases)} cases{skipped}, {staged.files} files, {staged.bytes} bytes "
                        f"(largest folder {staged.largest_folder[0]}: {staged.largest_folder[1]} entries)")
             click.echo(str(staged.path))
         return
     try:
         pushed = hub.push(staged, repo_id, private=private)
     finally:
-        if temporary:
+        if stage_dir is None:
             shutil.rmtree(staged.path, ignore_errors=True)
     click.echo(json.dumps(pushed.to_json()) if as_json else f"pushed {len(staged.cases)} cases: {pushed.url}")
 
