@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner, Result
 
 from logitreplay.archive import Archive
@@ -158,7 +159,7 @@ def test_captured_case_source_and_fast_path() -> None:
     assert fast_path(case) == (False, "2 requests")
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_a_gpu_is_a_one_line_error() -> None:
     res = CliRunner().invoke(main, ["replay", "--device", "cuda"])
     assert res.exit_code == 1
