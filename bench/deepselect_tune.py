@@ -35,13 +35,15 @@ from logitreplay.selectors.cuda import build
 
 VARIANTS: dict[str, dict[str, int]] = {
     "default": {},
+    "e8": {"LR_DS_ELEMS": 8},
+    "e8_b5": {"LR_DS_ELEMS": 8, "LR_DS_BLOCKS": 5},
+    "e8_d2": {"LR_DS_ELEMS": 8, "LR_DS_DEPTH": 2},
+    "d2": {"LR_DS_DEPTH": 2},
+    "t128_d2": {"LR_DS_THREADS": 128, "LR_DS_DEPTH": 2, "LR_DS_BLOCKS": 8},
+    "t128_e32": {"LR_DS_THREADS": 128, "LR_DS_ELEMS": 32, "LR_DS_BLOCKS": 6},
+    "t128_d2_b2k": {"LR_DS_THREADS": 128, "LR_DS_DEPTH": 2, "LR_DS_BLOCKS": 8, "LR_DS_B2": 2048},
     "b2_512": {"LR_DS_B2": 512},
-    "b2_2048": {"LR_DS_B2": 2048},
-    "b2_4096": {"LR_DS_B2": 4096},
-    "elems8": {"LR_DS_ELEMS": 8},
-    "elems32": {"LR_DS_ELEMS": 32, "LR_DS_BLOCKS": 2},
     "t512": {"LR_DS_THREADS": 512, "LR_DS_BLOCKS": 2},
-    "blocks2": {"LR_DS_BLOCKS": 2},
 }
 
 # Upstream DeepSelect on an H200 (cold L2, CUDA graph), microseconds: (fp32, bf16), keyed by
@@ -217,7 +219,7 @@ def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingP
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="names of VARIANTS, or of libraries in --prebuilt")
     ap.add_argument("--prebuilt", type=Path, help="folder of libraries from --build-only")
     ap.add_argument("--build-only", type=Path, help="build the variants into this folder and exit")
     ap.add_argument("--arch", default=None, help="target architecture (default: the current device's)")
@@ -246,7 +248,7 @@ def main() -> int:
     kernels = {n: Kernel(p, "deepselect") for n, p in libs.items()}
     native = Kernel(build.build("native", arch), "native")
 
-    report: dict = {"device": torch.cuda.get_device_name(), "variants": {n: VARIANTS[n] for n in names}}
+    report: dict = {"device": torch.cuda.get_device_name(), "variants": {n: VARIANTS.get(n) for n in names}}
     all_failures: dict[str, list[str]] = {}
     for n, k in kernels.items():
         all_failures[n] = correctness(k)

@@ -95,19 +95,19 @@ def test_adversarial_value_orders(order: str, bf16: bool) -> None:
     assert _verify(case) == []
 
 
-def test_nan_inside_rows_is_reported_in_every_path() -> None:
-    """A NaN in a short row (all indices), in the first round, and after the threshold rose."""
-    cols, top_k = 50000, 512
-    values = np.random.default_rng(1).standard_normal(3 * cols).astype(np.float32)
-    for pos in (100, 40000):  # second row: early; third row: deep into the pass
-        v = values.copy()
-        v[cols + pos] = np.nan
-        v[2 * cols + pos] = -np.nan
-        case = _rows("nan", v, [0, 0, 0], [300, cols, cols], top_k, cols)
-        logits = case.padded(device=DEVICE)
-        starts, ends = (torch.from_numpy(a).to(DEVICE) for a in (case.row_starts, case.row_ends))
-        out = torch.empty((case.rows, top_k), dtype=torch.int32, device=DEVICE)
-        launch = DeepSelectCuda().prepare(logits, starts, ends, top_k, out)
-        launch()
-        assert launch.nan_seen()
-        assert int(out[1:].min()) >= 0 and int(out[1:].max()) < cols
+@pytest.mark.parametrize(("length", "pos", "nan"), [(300, 17, np.nan), (50000, 100, np.nan), (50000, 40000, -np.nan)],
+                         ids=["short-row", "first-round", "after-threshold-rose"])
+def test_nan_inside_a_row_is_reported(length: int, pos: int, nan: float) -> None:
+    """Both signs of NaN, in a row shorter than top_k, early in a row, and deep into it."""
+    top_k = 512
+    values = np.random.default_rng(1).standard_normal(2 * length).astype(np.float32)
+    values[length + pos] = nan
+    case = _rows("nan", values, [0, 0], [length, length], top_k, length)
+    logits = case.padded(device=DEVICE)
+    starts, ends = (torch.from_numpy(a).to(DEVICE) for a in (case.row_starts, case.row_ends))
+    out = torch.empty((case.rows, top_k), dtype=torch.int32, device=DEVICE)
+    launch = DeepSelectCuda().prepare(logits, starts, ends, top_k, out)
+    launch()
+    assert launch.nan_seen()
+    valid = out[:, : min(top_k, length)]
+    assert int(valid.min()) >= 0 and int(valid.max()) < length

@@ -39,6 +39,7 @@ namespace cg = cooperative_groups;
 //   kThreads  threads per block (one block per row)
 //   kElems    elements per thread per round (kVecs 16-byte loads: 4 fp32 or 8 bf16 elements each)
 //   kB2       candidates appended since the last compaction that trigger the next one
+//   kDepth    rounds whose loads are in flight while a round is processed
 //   kBlocks   blocks per multiprocessor the register budget is sized for (__launch_bounds__)
 template <typename T, int K_MAX>
 struct Config {
@@ -57,6 +58,11 @@ struct Config {
   static constexpr int kB2 = LR_DS_B2;
 #else
   static constexpr int kB2 = K_MAX < 1024 ? 1024 : K_MAX;
+#endif
+#ifdef LR_DS_DEPTH
+  static constexpr int kDepth = LR_DS_DEPTH;
+#else
+  static constexpr int kDepth = 1;
 #endif
 #ifdef LR_DS_BLOCKS
   static constexpr int kBlocks = LR_DS_BLOCKS;
@@ -218,27 +224,16 @@ struct DeepSelect {
     int n = 0;                               // candidates in s.keys / s.idx
     bool nan = false;
 
-    uint4 next[C::kVecs];
-    int next_seg = warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
-    if (next_seg >= 0) load(next, base, next_seg, span, lane);
-    for (int round = 0; round < rounds; ++round) {
-      uint4 v[C::kVecs];
-#pragma unroll
-      for (int q = 0; q < C::kVecs; ++q) v[q] = next[q];
-      const int cur_seg = next_seg;
-      // Issue the next round's loads before working on this one.
-      seg += step;
-      if (seg >= m) seg -= m;
-      next_seg = (round + 1) * kWarps + warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
-      if (next_seg >= 0) load(next, base, next_seg, span, lane);
-
+    // One round: filter this warp's segment, place the accepted elements (one barrier), and compact
+    // when the buffer is full (not after the last round: the final select does that).
+    auto process = [&](const uint4 (&v)[C::kVecs], int cur_seg, int round) {
       const uint32_t acc = cur_seg >= 0 ? filter(v, cur_seg, head, span, t, lane) : 0u;
       const uint32_t cnt = __popc(acc);
       uint32_t incl = cnt;  // inclusive scan of the counts over the warp
 #pragma unroll
-      for (int d = 1; d < lr::kWarp; d <<= 1) {
-        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += y;
+      for (int off = 1; off < lr::kWarp; off <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
       }
       uint32_t* counts = s.warp_count[round & 1];
       if (lane == lr::kWarp - 1) counts[warp] = incl;
@@ -252,9 +247,35 @@ struct DeepSelect {
       }
       if (acc) nan |= append(s, v, acc, pos, cur_seg, head, lane);
       n += total;
-      if (n >= top_k + C::kB2) {
+      if (n >= top_k + C::kB2 && round + 1 < rounds) {
         t = compact(s, n, top_k);
         n = top_k;
+      }
+    };
+
+    // Loads of the next kDepth rounds are in flight (in registers) while a round is processed. The
+    // round loop is unrolled by kDepth so that every buffer has a fixed register home: a buffer is
+    // copied out only when its own data is needed, never moved while its load is still in flight.
+    uint4 ahead[C::kDepth][C::kVecs];
+    int ahead_seg[C::kDepth];
+    auto issue = [&](int d, int round) {
+      ahead_seg[d] = round * kWarps + warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
+      if (ahead_seg[d] >= 0) load(ahead[d], base, ahead_seg[d], span, lane);
+      seg += step;
+      if (seg >= m) seg -= m;
+    };
+#pragma unroll
+    for (int d = 0; d < C::kDepth; ++d) issue(d, d);
+    for (int round0 = 0; round0 < rounds; round0 += C::kDepth) {
+#pragma unroll
+      for (int d = 0; d < C::kDepth; ++d) {
+        if (round0 + d >= rounds) break;
+        uint4 v[C::kVecs];
+#pragma unroll
+        for (int q = 0; q < C::kVecs; ++q) v[q] = ahead[d][q];
+        const int cur_seg = ahead_seg[d];
+        issue(d, round0 + d + C::kDepth);
+        process(v, cur_seg, round0 + d);
       }
     }
 
