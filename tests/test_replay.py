@@ -164,3 +164,20 @@ def test_cuda_without_a_gpu_is_a_one_line_error() -> None:
     res = CliRunner().invoke(main, ["replay", "--device", "cuda"])
     assert res.exit_code == 1
     assert "torch sees no CUDA device" in res.output and "Traceback" not in res.output
+
+
+def test_inspect_work_shows_native_needing_more_passes_on_concentrated_values(tmp_path: Path) -> None:
+    """Rows long enough (8192) that the first fp16 threshold bin of +100 / *1e-8 scores exceeds 2048."""
+    path = tmp_path / "ablation.zarr"
+    archive = Archive.create(path)
+    for dist in ("normal", "normal+100", "normal*1e-8"):
+        archive.write(synth.generate(synth.Recipe("test", "b", dist, 16, 8192, 512, "causal", 200)))
+    res = CliRunner().invoke(main, ["inspect", str(path), "--work", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    work = {c["distribution"]: c["work"] for c in json.loads(res.output)["cases"]}
+    normal = work["normal"]["native_passes_max"]
+    assert work["normal+100"]["native_passes_mean"] > normal and work["normal*1e-8"]["native_passes_mean"] > normal
+    # DeepSelect's work does not depend on the distribution.
+    assert len({w["deepselect_compactions_mean"] for w in work.values()}) == 1
+    table = CliRunner().invoke(main, ["inspect", str(path), "--work"], catch_exceptions=False).output
+    assert "native passes" in table and "3.00 / 3" in table

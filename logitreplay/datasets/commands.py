@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from logitreplay.archive import Archive, ArchiveError
+from logitreplay.archive import Archive, ArchiveError, Case, is_finite_rows
 from logitreplay.cli import user_errors
 from logitreplay.datasets import synth
 from logitreplay.datasets.summary import summarize
@@ -56,8 +56,10 @@ def synth_cmd(suite_name: str, scale: str, out: Path, as_json: bool) -> None:
 @click.argument("location")
 @click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print every field as JSON.")
+@click.option("--work", is_flag=True, help="Also run the CPU algorithm models and show their work per case "
+              "(native: histogram passes; DeepSelect: buffer compactions, candidates): why a selector is slow.")
 @user_errors
-def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool) -> None:
+def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool, work: bool) -> None:
     """Summarize the cases of an archive (directory, .zip or URL): shape, storage, row lengths, value
     statistics (ties at the k-th value, fp16 bins of the top values) and provenance."""
     archive = Archive.open(location)
@@ -70,22 +72,45 @@ def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool) -> None
         infos = [i for i in infos if i.case_id in case_ids]
     summaries = []
     for info in progress(infos, len(infos), "inspect"):
-        summaries.append(summarize(info, archive.read(info.case_id) if info.complete else None))
+        case = archive.read(info.case_id) if info.complete else None
+        summaries.append(summarize(info, case))
+        if work:
+            summaries[-1]["work"] = _work(case)
     if as_json:
         click.echo(json.dumps({"archive": location, "cases": summaries}, indent=1))
         return
-    _print_table(location, summaries)
+    _print_table(location, summaries, work)
+
+
+def _work(case: Case | None) -> dict[str, float] | None:
+    """The models' work counters; None for incomplete cases and cases with NaN (invalid input)."""
+    from logitreplay.selectors.models import case_work
+
+    if case is None or not is_finite_rows(case).all():
+        return None
+    return case_work(case)
+
+
+def _work_cells(w: dict[str, float] | None) -> tuple[str, ...]:
+    if w is None:
+        return ("-", "-", "-")
+    return (f"{w['native_passes_mean']:.2f} / {w['native_passes_max']:.0f}",
+            f"{w['deepselect_compactions_mean']:.2f} / {w['deepselect_compactions_max']:.0f}",
+            f"{w['deepselect_appended_mean']:.0f}")
 
 
 def _fmt(x: Any, spec: str = "") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _print_table(location: str, summaries: list[dict[str, Any]]) -> None:
+def _print_table(location: str, summaries: list[dict[str, Any]], work: bool = False) -> None:
     table = Table(title=f"{location}: {sum(s['complete'] for s in summaries)} cases")
     for col in ("case", "rows", "cols", "k", "dtype", "source", "layer", "stored", "ratio", "row len min/med/max",
                 "min / max", "k-th ties", "fp16 bins top-2048"):
         table.add_column(col, overflow="fold")
+    if work:
+        for col in ("native passes mean/max", "DS compactions mean/max", "DS candidates/row"):
+            table.add_column(col, overflow="fold")
     for s in summaries:
         if not s["complete"]:
             table.add_row(s["case_id"], *["-"] * 11, "[red]INCOMPLETE (not data)[/red]")
@@ -99,5 +124,6 @@ def _print_table(location: str, summaries: list[dict[str, Any]]) -> None:
             f"{rl['min']}/{rl['median']:.0f}/{rl['max']}",
             f"{_fmt(v['min'], '.3g')} / {_fmt(v['max'], '.3g')}",
             _fmt(v["kth_ties_mean"], ".1f"), _fmt(v["fp16_bins_top_mean"], ".0f"),
+            *(_work_cells(s.get("work")) if work else ()),
         )
     Console(width=None if sys.stdout.isatty() else 220).print(table)
