@@ -24,7 +24,6 @@ from logitreplay.replay.timing import Timing, TimingProtocol, time_launches
 from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values, nan_row
 from logitreplay.selectors.base import Launch, Selector
 
-STATUSES = ("ok", "unsupported", "failed", "error")
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 # vLLM routes a prefill chunk to DeepSelect only when its rows can be read as DeepSelect expects.
 _DEEPSELECT_MAX_K = 4096
