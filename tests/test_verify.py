@@ -96,3 +96,9 @@ def test_expected_values_of_short_and_empty_rows() -> None:
 def test_nan_row_is_found(plugins: ModuleType) -> None:
     assert nan_row(plugins.plugin_case()) is None
     assert nan_row(plugins.plugin_case(nan_row=3)) == 3
+
+
+def test_nan_row_skips_empty_rows() -> None:
+    values = np.array([1.0, 2.0, np.nan], dtype=np.float32)
+    case = Case.from_rows("nan", values, np.zeros(4, np.int32), np.array([2, 0, 0, 1], np.int32), top_k=1, cols=4)
+    assert nan_row(case) == 3

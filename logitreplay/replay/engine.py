@@ -193,7 +193,7 @@ def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device,
                         describe_source(case), case.nbytes, fast_path=ok, fast_path_note=note)
     if read_bandwidth:
         result.floor_us = case.nbytes / read_bandwidth * 1e6
-    bad = nan_row(case)
+    bad = nan_row(case, device)
     if bad is not None:
         result.invalid = f"NaN inside row {bad}"
         return result

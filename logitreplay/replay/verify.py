@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from logitreplay.archive import Case, is_finite_rows
+from logitreplay.archive import Case
 
 SENTINEL = -0x5A5A5A5A  # never a valid index nor -1: a slot still holding it was not written
 # Columns of sentinel around every output row, and one sentinel row above and below the view.
@@ -168,7 +169,11 @@ def check_output(case: Case, logits: torch.Tensor, row_starts: torch.Tensor, row
     return failures
 
 
-def nan_row(case: Case) -> int | None:
-    """The first row holding a NaN inside its bounds (such a case is invalid input), or None."""
-    finite = is_finite_rows(case)
-    return None if bool(finite.all()) else int((~finite).nonzero()[0][0])
+def nan_row(case: Case, device: torch.device | str = "cpu") -> int | None:
+    """The first row holding a NaN inside its bounds (such a case is invalid input), or None. Runs on
+    `device`: on a full-scale case a host pass over every value would cost seconds of the replay."""
+    nan = torch.isnan(case.torch_values().to(device))
+    if not bool(nan.any()):
+        return None
+    first = int(nan.nonzero()[0, 0])
+    return int(np.searchsorted(case.offsets, first, side="right")) - 1  # the row whose span holds it
