@@ -354,7 +354,10 @@ class Archive:
                 if not (Path(loc) / "zarr.json").is_file():
                     raise ArchiveError(f"{loc}: not a logitreplay archive (no zarr.json)")
                 store = zarr.storage.LocalStore(loc, read_only=(mode == "r"))
-            group = zarr.open_group(store, mode="r" if mode == "r" else "r+", zarr_format=3)
+            # Consolidated metadata (`push` writes it for the Hub) lists every case in one request; only
+            # remote copies use it: a case appended to a local copy would be missing from it.
+            group = zarr.open_group(store, mode="r" if mode == "r" else "r+", zarr_format=3,
+                                    use_consolidated=None if is_url else False)
         except ArchiveError:
             raise
         except (FileNotFoundError, KeyError) as e:

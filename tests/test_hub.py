@@ -191,6 +191,8 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     before = loopback.bytes_served
     remote = Archive.open(f"hf://datasets/{REPO}/archive")
     assert remote.location == first["url"]
+    listed = len(loopback.requests)
+    assert len(remote.infos()) == 12 and len(loopback.requests) - listed < 12  # consolidated: not one per case
     assert _same(remote.read(target), src.read(target))
     total = sum(len(b) for b in loopback.repos[REPO].commits[first["commit"]].values())
     streamed = loopback.bytes_served - before
@@ -214,6 +216,9 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     pulled = Archive.open(out / "archive")
     assert pulled.case_ids() == [target] and _same(pulled.read(target), src.read(target))
     assert json.loads((out / hub.SOURCE_FILE).read_text())["commit"] == first["commit"]
+    # A pulled copy is an ordinary archive: a case appended to it is listed and read back.
+    Archive.create(out / "archive").write(src.read("dist-ties-c2048-r128-k512"))
+    assert Archive.open(out / "archive").case_ids() == ["bigk-normal-c8192-r64-k4096", "dist-ties-c2048-r128-k512"]
 
 
 def test_replay_reads_a_dataset_straight_from_the_hub(loopback: LoopbackHub, suite_archive: Path,

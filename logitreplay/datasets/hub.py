@@ -3,9 +3,11 @@
 A pushed dataset repo holds the card (`README.md`) and the archive under `archive/`, repacked with zarr
 sharding: every array becomes one shard file (or a few, for arrays over `MAX_SHARD_BYTES`), so a case costs
 about a dozen files whatever its chunk count, and the repo stays inside the Hub's recommended limits
-(fewer than 100k files per repo, 10k entries per folder, files under 20 GB). It stays a plain zarr
-archive, so `Archive.open("hf://datasets/org/name/archive")` reads it in place: listing and attributes
-first, then only the byte ranges of the cases actually read.
+(fewer than 100k files per repo, 10k entries per folder, files under 20 GB). Its metadata is also
+consolidated into the root `zarr.json`, so listing the cases remotely is one request, not one per case
+(which the Hub's request rate limits would feel on a large dataset). It stays a plain zarr archive, so
+`Archive.open("hf://datasets/org/name/archive")` reads it in place: listing and attributes first, then only
+the byte ranges of the cases actually read.
 
 Every Hub location we record is pinned: `pin_url` resolves a branch or tag to its commit sha, so a report
 or a pulled copy names the exact bytes it used even after the repo moves on.
@@ -19,6 +21,7 @@ import math
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +228,9 @@ def stage(archive: Archive, repo_id: str, dest: Path | None = None, license: str
         cases_group = root.require_group("cases")
         for info in complete:
             _copy_case(archive, info.case_id, info.attrs, cases_group)
+        with warnings.catch_warnings():  # zarr notes that v3 has no spec for it yet; zarr reads it fine
+            warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+            zarr.consolidate_metadata(str(dest / ARCHIVE_DIR))
         build_card(Archive.open(dest / ARCHIVE_DIR), repo_id, license=license).save(dest / "README.md")
         files, largest, size = _count(dest)
         error = _beyond_limits(archive, len(complete), files, largest)
