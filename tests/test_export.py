@@ -157,3 +157,10 @@ def test_damaged_or_foreign_garbage_is_a_one_line_error(tmp_path: Path) -> None:
     for path, why in ((junk, "not a readable safetensors"), (flat, "field logits"), (damaged, "sha256")):
         r = runner.invoke(main, ["import", str(path), "--out", str(tmp_path / "x.zarr"), "--top-k", "1"])
         assert r.exit_code == 1 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "x.zarr").exists()  # nothing was readable: no archive was created
+
+    # Files are imported one at a time; a bad file stops the import and says what was already written.
+    other = export_case(_case("e"), tmp_path)
+    r = runner.invoke(main, ["import", str(other), str(damaged), "--out", str(tmp_path / "y.zarr")])
+    assert r.exit_code == 1 and "(1 earlier files imported)" in r.output
+    assert Archive.open(tmp_path / "y.zarr").case_ids() == ["e"]

@@ -83,15 +83,12 @@ def _int_tensor(path: Path, name: str, t: torch.Tensor, rows: int) -> torch.Tens
     return t.to(torch.int64)
 
 
-def read_file(path: Path, top_k: int | None = None) -> Case:
-    """Rebuild a case from a safetensors file: ours bit for bit, or any with `logits` and row bounds.
-
-    `top_k` is needed only for a foreign file that carries neither a `top_k` tensor nor our metadata.
-    """
+def _load(path: Path, tensors: bool) -> tuple[dict[str, str], dict[str, Any], dict[str, torch.Tensor]]:
+    """Header metadata, our parsed metadata block, and (if asked) the tensors of a safetensors file."""
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+            data = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}  # noqa: SIM118 (not a mapping)
     except (SafetensorError, OSError) as e:
         raise ArchiveError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from None
     meta: dict[str, Any] = {}
@@ -100,6 +97,20 @@ def read_file(path: Path, top_k: int | None = None) -> Case:
             meta = json.loads(header[METADATA_KEY])
         except json.JSONDecodeError:
             raise ArchiveError(f"{path}: field metadata.{METADATA_KEY}: not JSON") from None
+    return header, meta, data
+
+
+def case_id_of(path: Path) -> str:
+    """The id `read_file` gives the file's case, from its header alone (no tensor is read)."""
+    return str(_load(path, tensors=False)[1].get("case_id", path.name.removesuffix(".safetensors")))
+
+
+def read_file(path: Path, top_k: int | None = None) -> Case:
+    """Rebuild a case from a safetensors file: ours bit for bit, or any with `logits` and row bounds.
+
+    `top_k` is needed only for a foreign file that carries neither a `top_k` tensor nor our metadata.
+    """
+    header, meta, tensors = _load(path, tensors=True)
     logits = tensors.get("logits")
     if logits is None or logits.dim() != 2 or logits.dtype not in _FLOAT_DTYPES:
         got = "missing" if logits is None else f"{logits.dtype} {tuple(logits.shape)}"
@@ -118,7 +129,7 @@ def read_file(path: Path, top_k: int | None = None) -> Case:
     k = meta.get("top_k", tensors.get("top_k", top_k))
     if k is None:
         raise ArchiveError(f"{path}: field top_k: not in the file; pass --top-k")
-    case_id = str(meta.get("case_id", path.name.removesuffix(".safetensors")))
+    case_id = case_id_of(path)
     attrs = meta.get("provenance", {"imported_from": path.name, "metadata": header})
     ref = tensors.get("reference_indices")
     case = Case.from_matrix(case_id, logits[:, :cols], starts, ends, top_k=int(k), row_stride=width,

@@ -16,7 +16,7 @@ from logitreplay.archive import Archive, ArchiveError
 from logitreplay.cli import user_errors
 from logitreplay.datasets import hub
 from logitreplay.datasets.card import build_card
-from logitreplay.datasets.export import export_case, read_file
+from logitreplay.datasets.export import case_id_of, export_case, read_file
 
 
 @click.command("export")
@@ -51,18 +51,26 @@ def export_cmd(location: str, case_ids: tuple[str, ...], out: Path, fill: float,
 @click.option("--json", "as_json", is_flag=True, help="Print the written case ids as JSON.")
 @user_errors
 def import_cmd(files: tuple[Path, ...], out: Path, top_k: int | None, as_json: bool) -> None:
-    """Turn .safetensors files (from `export`, or any with a 2-D `logits` and `row_ends`/`ke`) into cases."""
-    cases = [read_file(f, top_k) for f in files]  # every file is checked before anything is written
-    ids = [c.case_id for c in cases]
+    """Turn .safetensors files (from `export`, or any with a 2-D `logits` and `row_ends`/`ke`) into cases.
+
+    Ids are checked from the headers before anything is written; then one file at a time is read,
+    verified and written, so files larger than memory together import fine."""
+    ids = [case_id_of(f) for f in files]
     dup = next((i for i in ids if ids.count(i) > 1), None)
     if dup is not None:
         raise ArchiveError(f"case {dup}: given twice")
-    archive = Archive.create(out)
-    clash = next((i for i in ids if i in set(archive.case_ids()) | set(archive.incomplete())), None)
+    present = {i.case_id for i in Archive.open(out).infos()} if (out / "zarr.json").is_file() else set()
+    clash = next((i for i in ids if i in present), None)
     if clash is not None:
         raise ArchiveError(f"case {clash}: already in {out}")
-    for case in cases:
-        archive.write(case)
+    archive = None  # created once the first file has been read: a bad first file leaves nothing behind
+    for n, f in enumerate(files):
+        try:
+            case = read_file(f, top_k)
+            archive = archive or Archive.create(out)
+            archive.write(case)
+        except ArchiveError as e:
+            raise ArchiveError(f"{e} ({n} earlier files imported)" if n else str(e)) from None
     click.echo(json.dumps({"archive": str(out), "cases": ids}) if as_json else f"imported {len(ids)} cases into {out}")
 
 
