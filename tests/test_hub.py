@@ -79,7 +79,7 @@ def test_card_round_trips_through_datasetcard_load(suite_archive: Path, tmp_path
     rows = [line.split(" | ") for line in card.text.splitlines() if line.startswith("| `")]
     assert [(r[0].strip("| `"), r[-1].strip(" `|")) for r in rows] == \
         [(i.case_id, i.attrs["sha256"]) for i in archive.infos()]
-    assert f"logitreplay replay hf://datasets/{REPO}/archive" in card.text
+    assert f"logitreplay replay hf://datasets/{REPO}" in card.text
     # Derived from the data alone: regenerating gives the same bytes.
     assert str(build_card(archive, REPO)) == (tmp_path / "README.md").read_text()
 
@@ -130,11 +130,11 @@ def test_push_dry_run_stages_a_valid_card_and_sharded_archive_within_limits(
     assert report["largest_folder"]["entries"] < hub.HUB_MAX_FOLDER_ENTRIES
     assert DatasetCard.load(stage_dir / "README.md").data.to_dict()["logitreplay"]["cases"] == 12
 
-    src, dst = Archive.open(suite_archive), Archive.open(stage_dir / "archive")
+    src, dst = Archive.open(suite_archive), Archive.open(stage_dir)
     assert dst.case_ids() == src.case_ids() and dst.attrs == src.attrs
     for cid in src.case_ids():
         assert _same(src.read(cid), dst.read(cid))
-        case_files = [p for p in (stage_dir / "archive" / "cases" / cid).rglob("*") if p.is_file()]
+        case_files = [p for p in (stage_dir / "cases" / cid).rglob("*") if p.is_file()]
         assert len(case_files) <= 11  # group + (metadata + one shard) per array, whatever the chunk count
 
 
@@ -143,7 +143,7 @@ def test_dry_run_defaults_to_a_temporary_folder_and_prints_it(suite_archive: Pat
     assert r.exit_code == 0, r.output
     path = Path(r.output.strip().splitlines()[-1])
     try:
-        assert (path / "README.md").is_file() and (path / "archive" / "zarr.json").is_file()
+        assert (path / "README.md").is_file() and (path / "zarr.json").is_file()
     finally:
         shutil.rmtree(path)
 
@@ -169,7 +169,7 @@ def test_staging_refuses_a_used_folder_and_archives_beyond_the_limits(
     assert not (tmp_path / "big").exists()
     monkeypatch.setattr(hub, "HUB_MAX_FOLDER_ENTRIES", 5)  # refused before anything is written
     r = runner.invoke(main, ["push", str(suite_archive), REPO, "--dry-run", "--stage", str(tmp_path / "wide")])
-    assert r.exit_code == 1 and "13 entries in archive/cases" in r.output and not (tmp_path / "wide").exists()
+    assert r.exit_code == 1 and "13 entries in cases" in r.output and not (tmp_path / "wide").exists()
 
 
 # ---------------------------------------------------------------------------- over HTTP (loopback)
@@ -182,14 +182,14 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     r = runner.invoke(main, ["push", str(suite_archive), REPO, "--json"])
     assert r.exit_code == 0, r.output
     first = json.loads(r.output)
-    assert first["url"] == f"hf://datasets/{REPO}@{first['commit']}/archive"
+    assert first["url"] == f"hf://datasets/{REPO}@{first['commit']}"
     assert loopback.repos[REPO].refs["main"] == first["commit"]
 
     # Streaming: opening pins main to its commit; reading one case fetches that case's bytes, not the rest.
     src = Archive.open(suite_archive)
     target = "bigk-normal-c8192-r64-k4096"
     before = loopback.bytes_served
-    remote = Archive.open(f"hf://datasets/{REPO}/archive")
+    remote = Archive.open(f"hf://datasets/{REPO}")
     assert remote.location == first["url"]
     listed = len(loopback.requests)
     assert len(remote.infos()) == 12 and len(loopback.requests) - listed < 12  # consolidated: not one per case
@@ -197,7 +197,7 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     total = sum(len(b) for b in loopback.repos[REPO].commits[first["commit"]].values())
     streamed = loopback.bytes_served - before
     assert streamed < total - 2_000_000  # the other cases' shards (about 4 MB) were never downloaded
-    r = runner.invoke(main, ["inspect", f"hf://datasets/{REPO}/archive", "--case", target, "--json"])
+    r = runner.invoke(main, ["inspect", f"hf://datasets/{REPO}", "--case", target, "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["cases"][0]["rows"] == 64
 
     # A second push mirrors the new archive (a deleted case disappears from main), old commits stay readable.
@@ -206,19 +206,19 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     shutil.rmtree(smaller / "cases" / target)
     r = runner.invoke(main, ["push", str(smaller), REPO, "--json"])
     assert r.exit_code == 0, r.output
-    assert target not in Archive.open(f"hf://datasets/{REPO}/archive").case_ids()
+    assert target not in Archive.open(f"hf://datasets/{REPO}").case_ids()
     assert target in Archive.open(first["url"]).case_ids()
 
     out = tmp_path / "pulled"
     r = runner.invoke(main, ["pull", f"{REPO}@{first['commit']}", "--out", str(out),
-                             "--include", f"archive/cases/{target}/**", "--json"])
+                             "--include", f"cases/{target}/**", "--json"])
     assert r.exit_code == 0, r.output
-    pulled = Archive.open(out / "archive")
+    pulled = Archive.open(out)
     assert pulled.case_ids() == [target] and _same(pulled.read(target), src.read(target))
     assert json.loads((out / hub.SOURCE_FILE).read_text())["commit"] == first["commit"]
     # A pulled copy is an ordinary archive: a case appended to it is listed and read back.
-    Archive.create(out / "archive").write(src.read("dist-ties-c2048-r128-k512"))
-    assert Archive.open(out / "archive").case_ids() == ["bigk-normal-c8192-r64-k4096", "dist-ties-c2048-r128-k512"]
+    Archive.create(out).write(src.read("dist-ties-c2048-r128-k512"))
+    assert Archive.open(out).case_ids() == ["bigk-normal-c8192-r64-k4096", "dist-ties-c2048-r128-k512"]
 
 
 def test_replay_reads_a_dataset_straight_from_the_hub(loopback: LoopbackHub, suite_archive: Path,
@@ -226,7 +226,7 @@ def test_replay_reads_a_dataset_straight_from_the_hub(loopback: LoopbackHub, sui
     one = Archive.create(tmp_path / "one.zarr")
     one.write(Archive.open(suite_archive).read("edges-normal-c2048-r128-k512-edges"))
     loopback.publish_folder("org/one", hub.stage(one, "org/one", tmp_path / "stage").path)
-    r = CliRunner().invoke(main, ["replay", "hf://datasets/org/one/archive", "--selectors", "reference",
+    r = CliRunner().invoke(main, ["replay", "hf://datasets/org/one", "--selectors", "reference",
                                   "--rounds", "1", "--strict"])
     assert r.exit_code == 0, r.output
     assert "2048" in r.output and "128" in r.output
@@ -248,7 +248,7 @@ def test_hub_failures_are_one_line_errors_without_the_token(
     if scenario == "offline":
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     args = {"pull": ["pull", ref, "--out", str(tmp_path / "out")],
-            "inspect": ["inspect", f"hf://datasets/{ref}/archive"],
+            "inspect": ["inspect", f"hf://datasets/{ref}"],
             "push": ["push", str(suite_archive), "org/new"]}[command]
     commits = {k: dict(v.commits) for k, v in loopback.repos.items()}
     r = CliRunner().invoke(main, args)
@@ -277,9 +277,9 @@ def test_pull_through_hf_endpoint_writes_only_inside_the_target(staged: hub.Stag
         r = subprocess.run([*cli, "pull", REPO, "--json"], cwd=work, env=env, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 0, r.stderr
-        offline = subprocess.run([*cli, "inspect", f"hf://datasets/{REPO}/archive"], cwd=work,
+        offline = subprocess.run([*cli, "inspect", f"hf://datasets/{REPO}"], cwd=work,
                                  env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
     target = work / "datasets" / "downloads" / "org" / "stress"
-    assert json.loads(r.stdout)["commit"] == sha and Archive.open(target / "archive").case_ids()
+    assert json.loads(r.stdout)["commit"] == sha and Archive.open(target).case_ids()
     assert [p.name for p in work.iterdir()] == ["datasets"] and not home.exists()
     assert offline.returncode == 1 and _one_line_error(offline.stderr) and "offline" in offline.stderr

@@ -108,13 +108,13 @@ def _provenance_section(infos: list[CaseInfo], fields: dict[str, Any]) -> str:
 
 
 def build_card(archive: Archive, repo_id: str, license: str = "cc-by-4.0") -> DatasetCard:
-    """The card for `archive` published as the dataset repo `repo_id` (archive under `archive/`)."""
+    """The card for `archive` published as the dataset repo `repo_id` (the repo root is the archive)."""
     infos = [i for i in archive.infos() if i.complete]
     fields = card_fields(infos)
     title = str(archive.attrs.get("title") or repo_id.split("/")[-1])
     data = DatasetCardData(license=license, pretty_name=title, tags=TAGS,
                            size_categories=[size_category(len(infos))], viewer=False, logitreplay=fields)
-    url = f"hf://datasets/{repo_id}/archive"
+    url = f"hf://datasets/{repo_id}"
     if fields["sources"] == ["synthetic"]:
         what = ("Synthetic control cases in the shapes of sparse-attention indexer logits: normal-random scores,\n"
                 "distribution ablations and edge cases. They explain what real captured logits do to a top-k\n"
@@ -128,8 +128,8 @@ def build_card(archive: Archive, repo_id: str, license: str = "cc-by-4.0") -> Da
 
 {what}
 
-Format: a logitreplay archive (a zarr v3 group; one group per case, each array a single shard) under
-`archive/`. A case holds the in-range logits of each row (float32, or bfloat16 as raw bits), the row
+Format: this repository is a logitreplay archive (a zarr v3 group; one group per case under `cases/`, each
+array a single shard). A case holds the in-range logits of each row (float32, or bfloat16 as raw bits), the row
 bounds, `top_k`, the source width and row stride, and its provenance as JSON attributes.
 
 ## Replay

@@ -1,12 +1,12 @@
 """Sharing archives through the Hugging Face Hub: push, pull, and pinned `hf://` URLs for streaming.
 
-A pushed dataset repo holds the card (`README.md`) and the archive under `archive/`, repacked with zarr
-sharding: every array becomes one shard file (or a few, for arrays over `MAX_SHARD_BYTES`), so a case costs
+A pushed dataset repo *is* an archive (its root `zarr.json`, `cases/`), next to the card (`README.md`),
+repacked with zarr sharding: every array becomes one shard file (or a few, for arrays over `MAX_SHARD_BYTES`), so a case costs
 about a dozen files whatever its chunk count, and the repo stays inside the Hub's recommended limits
 (fewer than 100k files per repo, 10k entries per folder, files under 20 GB). Its metadata is also
 consolidated into the root `zarr.json`, so listing the cases remotely is one request, not one per case
 (which the Hub's request rate limits would feel on a large dataset). It stays a plain zarr archive, so
-`Archive.open("hf://datasets/org/name/archive")` reads it in place: listing and attributes first, then only
+`Archive.open("hf://datasets/org/name")` reads it in place: listing and attributes first, then only
 the byte ranges of the cases actually read.
 
 Every Hub location we record is pinned: `pin_url` resolves a branch or tag to its commit sha, so a report
@@ -33,7 +33,6 @@ import numpy as np
 from logitreplay.archive import _CHUNK, Archive, ArchiveError, _codecs
 from logitreplay.datasets.card import build_card
 
-ARCHIVE_DIR = "archive"
 # The Hub's repository recommendations: fewer than 100k files per repo and 10k entries per folder, files
 # under 20 GB (older guidance said 5 GB, hence the 4 GiB shard cap).
 HUB_MAX_FILES = 100_000
@@ -217,21 +216,21 @@ def stage(archive: Archive, repo_id: str, dest: Path | None = None, license: str
     if not complete:
         raise ArchiveError(f"{archive.location}: no complete cases to push")
     # The one count known before writing anything: `cases/` holds one folder per case and its zarr.json.
-    early = _beyond_limits(archive, len(complete), 0, (f"{ARCHIVE_DIR}/cases", len(complete) + 1))
+    early = _beyond_limits(archive, len(complete), 0, ("cases", len(complete) + 1))
     if early is not None:
         raise early
     created = dest is None or not dest.exists()
     dest = Path(tempfile.mkdtemp(prefix="logitreplay-push-")) if dest is None else dest.resolve()
     try:
-        root = zarr.open_group(str(dest / ARCHIVE_DIR), mode="w-", zarr_format=3)
+        root = zarr.open_group(str(dest), mode="w-", zarr_format=3)
         root.attrs.update(archive.attrs)
         cases_group = root.require_group("cases")
         for info in complete:
             _copy_case(archive, info.case_id, info.attrs, cases_group)
         with warnings.catch_warnings():  # zarr notes that v3 has no spec for it yet; zarr reads it fine
             warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
-            zarr.consolidate_metadata(str(dest / ARCHIVE_DIR))
-        build_card(Archive.open(dest / ARCHIVE_DIR), repo_id, license=license).save(dest / "README.md")
+            zarr.consolidate_metadata(str(dest))
+        build_card(Archive.open(dest), repo_id, license=license).save(dest / "README.md")
         files, largest, size = _count(dest)
         error = _beyond_limits(archive, len(complete), files, largest)
         if error is not None:
@@ -258,13 +257,13 @@ class Pushed:
 
 
 def hf_url(repo_id: str, sha: str) -> str:
-    return f"hf://datasets/{repo_id}@{sha}/{ARCHIVE_DIR}"
+    return f"hf://datasets/{repo_id}@{sha}"
 
 
 def push(staged: Staged, repo_id: str, private: bool = False, token: str | None = None) -> Pushed:
     """Create the dataset repo if needed and upload the staged folder as one logical update.
 
-    Files under `archive/` that the new archive no longer has are deleted in the same upload, so the repo
+    Files under `cases/` that the new archive no longer has are deleted in the same upload, so the repo
     mirrors the archive; history keeps every earlier commit.
     """
     from huggingface_hub import HfApi
@@ -274,7 +273,7 @@ def push(staged: Staged, repo_id: str, private: bool = False, token: str | None 
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
         info = api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=staged.path,
                                  commit_message=f"logitreplay push: {len(staged.cases)} cases",
-                                 delete_patterns=[f"{ARCHIVE_DIR}/**"])
+                                 delete_patterns=["cases/**"])
     return Pushed(repo_id, info.oid, hf_url(repo_id, info.oid))
 
 
@@ -287,7 +286,7 @@ class Pulled:
 
     def to_json(self) -> dict[str, Any]:
         return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit,
-                "path": str(self.path), "archive": str(self.path / ARCHIVE_DIR)}
+                "path": str(self.path)}
 
 
 SOURCE_FILE = ".logitreplay-source.json"
@@ -307,7 +306,7 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
     target = (out if out is not None else Path("datasets") / "downloads" / repo_id).resolve()
     patterns = None
     if include:
-        patterns = [*include, "README.md", f"{ARCHIVE_DIR}/zarr.json", f"{ARCHIVE_DIR}/cases/zarr.json"]
+        patterns = [*include, "README.md", "zarr.json", "cases/zarr.json"]
     what = f"dataset {repo_id}@{revision or 'main'}"
     with hub_errors(what):
         try:
@@ -321,5 +320,5 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
     return pulled
 
 
-__all__ = ["ARCHIVE_DIR", "Pulled", "Pushed", "Staged", "hub_errors", "parse_ref", "pin_url", "pull", "push",
+__all__ = ["Pulled", "Pushed", "Staged", "hub_errors", "parse_ref", "pin_url", "pull", "push",
            "resolve_revision", "stage"]

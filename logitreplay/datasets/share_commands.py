@@ -112,7 +112,7 @@ def push_cmd(location: str, repo_id: str, private: bool, dry_run: bool, stage_di
 @click.command("pull")
 @click.argument("ref", metavar="REPO_ID[@REVISION]")
 @click.option("--include", multiple=True, help="Only files matching this glob (repeatable), e.g. "
-                                               "'archive/cases/layer3-*/**'; the archive's root metadata always comes.")
+                                               "'cases/layer3-*/**'; the archive's root metadata always comes.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Target folder (default: datasets/downloads/ORG/NAME).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
