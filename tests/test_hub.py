@@ -199,6 +199,7 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     assert streamed < total - 2_000_000  # the other cases' shards (about 4 MB) were never downloaded
     r = runner.invoke(main, ["inspect", f"hf://datasets/{REPO}", "--case", target, "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["cases"][0]["rows"] == 64
+    assert json.loads(r.output)["archive"] == first["url"]  # the record names the commit, not the branch
 
     # A second push mirrors the new archive (a deleted case disappears from main), old commits stay readable.
     smaller = tmp_path / "smaller.zarr"

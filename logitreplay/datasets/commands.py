@@ -77,7 +77,7 @@ def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool, work: b
         if work:
             summaries[-1]["work"] = _work(case)
     if as_json:
-        click.echo(json.dumps({"archive": location, "cases": summaries}, indent=1))
+        click.echo(json.dumps({"archive": archive.location, "cases": summaries}, indent=1))
         return
     _print_table(location, summaries, work)
 
