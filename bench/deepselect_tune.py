@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from types import SimpleNamespace
 
 import torch
 
+from logitreplay.archive import Case
 from logitreplay.datasets import synth
 from logitreplay.replay import verify
 from logitreplay.replay.timing import TimingProtocol
@@ -35,15 +37,12 @@ from logitreplay.selectors.cuda import build
 
 VARIANTS: dict[str, dict[str, int]] = {
     "default": {},
-    "e8": {"LR_DS_ELEMS": 8},
-    "e8_b5": {"LR_DS_ELEMS": 8, "LR_DS_BLOCKS": 5},
-    "e8_d2": {"LR_DS_ELEMS": 8, "LR_DS_DEPTH": 2},
-    "d2": {"LR_DS_DEPTH": 2},
-    "t128_d2": {"LR_DS_THREADS": 128, "LR_DS_DEPTH": 2, "LR_DS_BLOCKS": 8},
-    "t128_e32": {"LR_DS_THREADS": 128, "LR_DS_ELEMS": 32, "LR_DS_BLOCKS": 6},
-    "t128_d2_b2k": {"LR_DS_THREADS": 128, "LR_DS_DEPTH": 2, "LR_DS_BLOCKS": 8, "LR_DS_B2": 2048},
+    "e16_b4": {"LR_DS_ELEMS": 16, "LR_DS_BLOCKS": 4},
+    "b4": {"LR_DS_BLOCKS": 4},
     "b2_512": {"LR_DS_B2": 512},
-    "t512": {"LR_DS_THREADS": 512, "LR_DS_BLOCKS": 2},
+    "b2_2048": {"LR_DS_B2": 2048},
+    "d2": {"LR_DS_DEPTH": 2},
+    "t128": {"LR_DS_THREADS": 128, "LR_DS_BLOCKS": 8},
 }
 
 # Upstream DeepSelect on an H200 (cold L2, CUDA graph), microseconds: (fp32, bf16), keyed by
@@ -81,9 +80,12 @@ def build_all(names: list[str], arch: str, out_dir: Path) -> dict[str, Path]:
 
 
 class Kernel:
-    """One built library of the C ABI of common.cuh, callable on torch tensors."""
+    """One built library of the C ABI of common.cuh, callable on torch tensors. `parts` (deepselect
+    only) fixes how many blocks share a row, through the LR_DS_PARTS override, instead of the
+    kernel's own choice."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Path, name: str, parts: int | None = None) -> None:
+        self.parts = parts
         self.lib = ctypes.CDLL(str(path))
         self.topk = getattr(self.lib, f"lr_{name}_topk")
         self.topk.argtypes = [_P, _I, _LL, _P, _P, _I, _I, _P, _LL, _P, _LL, _P]
@@ -97,7 +99,12 @@ class Kernel:
                 top_k, out.data_ptr(), out.stride(0), self.workspace.data_ptr(), self.workspace.numel())
 
         def launch() -> None:
-            rc = self.topk(*args, torch.cuda.current_stream().cuda_stream)
+            if self.parts is not None:
+                os.environ["LR_DS_PARTS"] = str(self.parts)
+            try:
+                rc = self.topk(*args, torch.cuda.current_stream().cuda_stream)
+            finally:
+                os.environ.pop("LR_DS_PARTS", None)
             if rc != 0:
                 raise RuntimeError(f"launch returned {rc}")
 
@@ -167,7 +174,18 @@ def correctness(kernel: Kernel) -> list[str]:
     cases = list(synth.suite("stress", "small"))
     for case in cases:
         check_case(kernel, case, failures)
+    # Few long rows: split over a cluster (the stress shapes are all one block per row).
+    gen = torch.Generator().manual_seed(11)
+    for dtype in (torch.float32, torch.bfloat16):
+        ends = torch.tensor([300_000, 299_990, 3000, 513, 140_001, 511], dtype=torch.int32)
+        starts = torch.tensor([0, 7, 1000, 0, 5, 0], dtype=torch.int32)
+        values = torch.randn(int((ends - starts).sum()), generator=gen).to(dtype)
+        cases.append(Case.from_rows(f"long-{dtype}", values, starts, ends, top_k=512, cols=300_000,
+                                    row_stride=300_013))
+    for case in cases[-2:]:
+        check_case(kernel, case, failures)
     check_graph_bounds_change(kernel, next(c for c in cases if "chunk" in c.case_id), failures)
+    check_graph_bounds_change(kernel, cases[-1], failures)
     check_nan(kernel, failures)
     return failures
 
@@ -225,8 +243,11 @@ def main() -> int:
     ap.add_argument("--arch", default=None, help="target architecture (default: the current device's)")
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--single-block", type=lambda v: v.split(","),
+                    help="also time these variants with one block per row (no cluster split), as <name>_p1")
     args = ap.parse_args()
     names = args.variants.split(",")
+    timed = names + [f"{n}_p1" for n in args.single_block or []]
     arch = args.arch or build.device_arch()
     t0 = time.time()
     if args.build_only:
@@ -246,6 +267,8 @@ def main() -> int:
         libs = build_all(names, arch, Path("/tmp/deepselect-variants"))
     print(f"libraries ready in {time.time() - t0:.0f} s", flush=True)
     kernels = {n: Kernel(p, "deepselect") for n, p in libs.items()}
+    for n in args.single_block or []:
+        kernels[f"{n}_p1"] = Kernel(libs[n], "deepselect", parts=1)
     native = Kernel(build.build("native", arch), "native")
 
     report: dict = {"device": torch.cuda.get_device_name(), "variants": {n: VARIANTS.get(n) for n in names}}
@@ -262,11 +285,11 @@ def main() -> int:
         report["full_scale_failures"] = tfail
         if tfail:
             print("full-scale failures:", tfail[:10])
-        head = ["case", "dtype", "upstream", "native", *names]
+        head = ["case", "dtype", "upstream", "native", *timed]
         print("\nmedian us (H200 cold L2, graph); last column: best variant / upstream")
         print(" ".join(f"{h[:12]:>12}" for h in head) + "  best/up")
         for r in rows:
-            best = min(r[n] for n in names)
+            best = min(r[n] for n in timed)
             ratio = f"{best / r['upstream']:.2f}" if r["upstream"] else "-"
             cells = [r["case"][-12:], r["dtype"]] + [
                 "-" if r.get(h) is None else f"{r[h]:.1f}" for h in head[2:]]

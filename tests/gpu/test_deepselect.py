@@ -76,6 +76,21 @@ def test_top_k_classes_and_row_lengths_around_k(top_k: int, bf16: bool) -> None:
     assert _verify(case) == []
 
 
+@pytest.mark.parametrize("top_k", [512, 2048, 4096])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_few_long_rows_split_over_a_cluster(top_k: int, bf16: bool) -> None:
+    """Few rows much longer than a round are split over the blocks of a cluster; every part must see
+    its own share once, parts with no segment at all included (the short rows)."""
+    rng = np.random.default_rng(top_k + bf16)
+    cols = 300_000
+    starts = np.array([0, 3, 1000, 17, 5, 0])
+    lengths = np.array([cols, cols - 3, 3000, top_k + 1, 140_001, top_k - 1])
+    ends = starts + lengths
+    values = rng.standard_normal(int(lengths.sum())).astype(np.float32)
+    case = _rows(f"long-k{top_k}", values, starts, ends, top_k, cols, stride=cols + 13, bf16=bf16)
+    assert _verify(case) == []
+
+
 @pytest.mark.parametrize("order", ["ascending", "descending", "constant", "two-values", "infinities"])
 @pytest.mark.parametrize("bf16", [False, True])
 def test_adversarial_value_orders(order: str, bf16: bool) -> None:
