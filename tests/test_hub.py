@@ -234,7 +234,7 @@ def test_replay_reads_a_dataset_straight_from_the_hub(loopback: LoopbackHub, sui
 
 
 _FAILURES = [(cmd, sc) for cmd in ("pull", "inspect") for sc in ("missing-repo", "missing-revision", "bad-token",
-                                                                    "offline")]
+                                                                    "offline", "unreachable")]
 _FAILURES += [("push", "bad-token"), ("push", "offline"), ("push", "no-token")]
 
 
@@ -248,6 +248,10 @@ def test_hub_failures_are_one_line_errors_without_the_token(
         monkeypatch.setenv("HF_TOKEN", BAD if scenario == "bad-token" else GOOD)
     if scenario == "offline":
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    if scenario == "unreachable":
+        with LoopbackHub() as gone:
+            closed = gone.endpoint  # a loopback port nothing listens on once the server has stopped
+        monkeypatch.setattr(constants, "ENDPOINT", closed)
     args = {"pull": ["pull", ref, "--out", str(tmp_path / "out")],
             "inspect": ["inspect", f"hf://datasets/{ref}"],
             "push": ["push", str(suite_archive), "org/new"]}[command]
