@@ -40,7 +40,7 @@ def case_to_tensors(case: Case, fill: float = -math.inf) -> dict[str, torch.Tens
     storage = case.padded(poison=fill)
     # `padded` returns a (rows, cols) view of a (rows, row_stride) buffer: export that buffer, including
     # the stride padding, so the kernel gets the same memory layout it had in the engine.
-    base = storage.as_strided((case.rows, case.row_stride), (case.row_stride, 1)).clone()
+    base = storage.as_strided((case.rows, case.row_stride), (case.row_stride, 1))
     tensors = {
         "logits": base,
         "row_starts": torch.from_numpy(case.row_starts.copy()),
