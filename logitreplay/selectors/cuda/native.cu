@@ -5,11 +5,9 @@
 // (2048 bins) and finds the bin holding the k-th largest; every element in a higher bin is emitted.
 // If the threshold bin holds <= 2048 elements they are collected in shared memory and finished by a
 // shared-memory sort (upstream's rank-counting insertion sort for the first 12288 rows, a radix select
-// after); otherwise refinement passes over the fp32 key (11, 11 and 10 bits) re-read the row. As
-// upstream, the first fp32 pass histograms every element of the row and locates the k-th of the whole
-// row (the same work as upstream, whose cost this models); only the undecided elements (in the fp16
-// threshold bin) are emitted or collected. The last two passes histogram the undecided elements only.
-// After the last pass the threshold bin holds equal keys, and the first ones reached fill the slots left.
+// after); otherwise refinement passes over the fp32 key (11, 11 and 10 bits) repeat the
+// histogram among the elements matching every bin fixed so far, re-reading the row each time. After
+// the last pass the threshold bin holds equal keys, and the first ones reached fill the remaining slots.
 //
 // Distribution sensitivity is part of the model: values concentrated in a narrow range (x + 100,
 // x * 1e-8) land in one or two fp16 bins, so every pass funnels the row through a few shared-memory
@@ -77,15 +75,14 @@ __device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int
   bool nan = false;
   lr::for_each_in_row<kThreads>(row, len, [&](float x, int) {
     if constexpr (P == 0) nan |= x != x;
-    if (P == 1 || Pass<P>::match(x, t0, pattern)) atomicAdd(&s.u.hist[Pass<P>::bin(x)], 1u);
+    if (Pass<P>::match(x, t0, pattern)) atomicAdd(&s.u.hist[Pass<P>::bin(x)], 1u);
   });
   if constexpr (P == 0) {
     if (__syncthreads_or(nan) && threadIdx.x == 0) lr::report_nan(status);
   } else {
     __syncthreads();
   }
-  // Pass 1 counted the whole row: its threshold is the k-th of the row, not of the undecided ones.
-  const uint32_t need = static_cast<uint32_t>(top_k) - (P == 1 ? 0u : s.found);
+  const uint32_t need = static_cast<uint32_t>(top_k) - s.found;
   const lr::ThresholdBin t = lr::block_threshold_bin<kThreads, Pass<P>::kBinsP>(s.u.hist, need, s.scan);
   const uint32_t tb = static_cast<uint32_t>(t.bin);
   const bool collect = P < 3 && t.count <= kFinal;
