@@ -172,6 +172,14 @@ def test_staging_refuses_a_used_folder_and_archives_beyond_the_limits(
     assert r.exit_code == 1 and "13 entries in cases" in r.output and not (tmp_path / "wide").exists()
 
 
+@pytest.mark.parametrize("args", [["push", "ARCHIVE", "org/name@v1", "--dry-run"],
+                                  ["push", "ARCHIVE", "org/na me", "--dry-run"],
+                                  ["pull", "justaname"], ["pull", "a/b/c"], ["card", "ARCHIVE", "org", "--out", "x.md"]])
+def test_bad_repo_ids_are_one_line_errors(suite_archive: Path, tmp_path: Path, args: list[str]) -> None:
+    r = CliRunner().invoke(main, [str(suite_archive) if a == "ARCHIVE" else a for a in args])
+    assert r.exit_code == 1 and _one_line_error(r.output) and "ORG/NAME" in r.output, r.output
+
+
 # ---------------------------------------------------------------------------- over HTTP (loopback)
 
 

@@ -55,6 +55,7 @@ def hub_errors(what: str) -> Iterator[None]:
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
@@ -63,6 +64,8 @@ def hub_errors(what: str) -> Iterator[None]:
 
     try:
         yield
+    except HFValidationError as e:
+        raise ArchiveError(f"{what}: {' '.join(str(e).split())}") from None
     except OfflineModeIsEnabled:
         raise ArchiveError(f"{what}: the Hub is unreachable in offline mode (HF_HUB_OFFLINE is set)") from None
     except RevisionNotFoundError:
@@ -91,11 +94,22 @@ def hub_errors(what: str) -> Iterator[None]:
 # ------------------------------------------------------------------------------------ references
 
 
-def parse_ref(ref: str) -> tuple[str, str | None]:
-    """`org/name[@revision]` -> (repo_id, revision or None)."""
+def parse_ref(ref: str, revision_allowed: bool = True) -> tuple[str, str | None]:
+    """`org/name[@revision]` -> (repo_id, revision or None), checked by the Hub client's own rules."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
     repo_id, _, revision = ref.partition("@")
-    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-        raise ArchiveError(f"{ref}: expected a dataset repo id ORG/NAME, optionally @REVISION")
+    try:
+        validate_repo_id(repo_id)
+        valid = repo_id.count("/") == 1
+    except HFValidationError:
+        valid = False
+    if not valid:
+        raise ArchiveError(f"{ref}: expected a dataset repo id ORG/NAME" + (", optionally @REVISION"
+                                                                             if revision_allowed else ""))
+    if revision and not revision_allowed:
+        raise ArchiveError(f"{ref}: expected ORG/NAME without @REVISION (a push goes to the main branch)")
     return repo_id, revision or None
 
 

@@ -19,6 +19,14 @@ from logitreplay.datasets.card import build_card
 from logitreplay.datasets.export import case_id_of, export_case, read_file
 
 
+def _progress_only_on_terminal() -> None:
+    """huggingface_hub's progress bars only on a terminal: logs and pipes stay clean."""
+    if not sys.stderr.isatty():
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+
+
 @click.command("export")
 @click.argument("location")
 @click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable; default: all).")
@@ -89,7 +97,8 @@ def push_cmd(location: str, repo_id: str, private: bool, dry_run: bool, stage_di
              license_id: str, as_json: bool) -> None:
     """Publish an archive as the Hub dataset REPO_ID (ORG/NAME): card + sharded archive, within the Hub's
     file-count limits. Prints the pinned hf:// URL that `replay` and `inspect` read."""
-    hub.parse_ref(repo_id)
+    hub.parse_ref(repo_id, revision_allowed=False)
+    _progress_only_on_terminal()
     archive = Archive.open(location)
     staged = hub.stage(archive, repo_id, stage_dir, license=license_id)
     if dry_run:
@@ -119,10 +128,7 @@ def push_cmd(location: str, repo_id: str, private: bool, dry_run: bool, stage_di
 @user_errors
 def pull_cmd(ref: str, include: tuple[str, ...], out: Path | None, as_json: bool) -> None:
     """Download a Hub dataset at a pinned commit; everything is written inside the target folder."""
-    if not sys.stderr.isatty():  # progress bars only on a terminal: logs and pipes stay clean
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
+    _progress_only_on_terminal()
     pulled = hub.pull(ref, out, include)
     if as_json:
         click.echo(json.dumps(pulled.to_json()))
@@ -138,7 +144,7 @@ def pull_cmd(ref: str, include: tuple[str, ...], out: Path | None, as_json: bool
 @user_errors
 def card_cmd(location: str, repo_id: str, out: Path, license_id: str) -> None:
     """Write the dataset card `push` would publish for an archive (to keep a published card in git)."""
-    hub.parse_ref(repo_id)
+    hub.parse_ref(repo_id, revision_allowed=False)
     build_card(Archive.open(location), repo_id, license=license_id).save(out)
     click.echo(str(out))
 
