@@ -138,12 +138,16 @@ def test_push_dry_run_stages_a_valid_card_and_sharded_archive_within_limits(
         assert len(case_files) <= 11  # group + (metadata + one shard) per array, whatever the chunk count
 
 
-def test_dry_run_defaults_to_a_temporary_folder_and_prints_it(suite_archive: Path) -> None:
+def test_dry_run_defaults_to_a_temporary_folder_and_stages_deterministically(
+        suite_archive: Path, staged: hub.Staged) -> None:
     r = CliRunner().invoke(main, ["push", str(suite_archive), REPO, "--dry-run"])
     assert r.exit_code == 0, r.output
     path = Path(r.output.strip().splitlines()[-1])
     try:
-        assert (path / "README.md").is_file() and (path / "zarr.json").is_file()
+        # Same archive, same bytes: a rerun of an interrupted push uploads nothing the Hub already holds.
+        files = sorted(p.relative_to(path) for p in path.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(staged.path) for p in staged.path.rglob("*") if p.is_file())
+        assert all((path / f).read_bytes() == (staged.path / f).read_bytes() for f in files)
     finally:
         shutil.rmtree(path)
 
