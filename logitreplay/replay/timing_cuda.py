@@ -21,7 +21,8 @@ import torch
 
 from logitreplay.replay.timing import Launch, Timing, TimingProtocol
 
-# A flush of this many L2 sizes evicts every line the case left there, whatever the replacement policy.
+# Writing this many L2 sizes evicts every line a case left there, whatever the replacement policy and
+# however large the case (a case larger than the L2 leaves at most one L2 of itself behind).
 FLUSH_L2_MULTIPLE = 4
 # torch.cuda._sleep's kernel: a marker between profiled samples that no selector launches.
 _MARKER = "spin_kernel"
@@ -43,19 +44,18 @@ def _graph(launch: Launch, device: torch.device, use_graph: bool) -> Callable[[]
     return graph.replay
 
 
-def flush_buffer(device: torch.device, at_least_bytes: int = 0) -> torch.Tensor:
-    """A buffer of >= FLUSH_L2_MULTIPLE x the L2 and >= `at_least_bytes`, rewritten to evict the L2."""
+def flush_buffer(device: torch.device) -> torch.Tensor:
+    """A buffer of FLUSH_L2_MULTIPLE x the L2, rewritten before each timed replay to evict the L2."""
     l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or 64 << 20
-    nbytes = max(FLUSH_L2_MULTIPLE * l2, at_least_bytes)
-    return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+    return torch.empty(FLUSH_L2_MULTIPLE * l2 // 4, dtype=torch.int32, device=device)
 
 
-def time_launches_cuda(launches: dict[str, Launch], device: torch.device, protocol: TimingProtocol,
-                       flush_at_least_bytes: int = 0) -> dict[str, Timing]:
+def time_launches_cuda(launches: dict[str, Launch], device: torch.device,
+                       protocol: TimingProtocol) -> dict[str, Timing]:
     """Time every launch on `device` with the protocol; one `Timing` (microseconds) per name."""
     with torch.cuda.device(device):
         replays = {name: _graph(launch, device, protocol.graphs) for name, launch in launches.items()}
-        flush = flush_buffer(device, flush_at_least_bytes) if protocol.l2 == "cold" else None
+        flush = flush_buffer(device) if protocol.l2 == "cold" else None
         for replay in replays.values():
             for _ in range(protocol.warmup):
                 replay()

@@ -44,10 +44,9 @@ def test_every_selector_gets_all_its_samples(timer: str, l2: str) -> None:
         assert all(s > 0 and math.isfinite(s) for s in t.samples_us)
 
 
-def test_flush_buffer_covers_four_l2_and_the_case() -> None:
+def test_flush_buffer_covers_four_l2() -> None:
     l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
     assert flush_buffer(DEVICE).numel() * 4 >= 4 * l2
-    assert flush_buffer(DEVICE, at_least_bytes=8 * l2).numel() * 4 >= 8 * l2
 
 
 def test_environment_and_bandwidth_are_recorded() -> None:
