@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import subprocess
 import sys
 import time
@@ -80,12 +79,9 @@ def build_all(names: list[str], arch: str, out_dir: Path) -> dict[str, Path]:
 
 
 class Kernel:
-    """One built library of the C ABI of common.cuh, callable on torch tensors. `parts` (deepselect
-    only) fixes how many blocks share a row, through the LR_DS_PARTS override, instead of the
-    kernel's own choice."""
+    """One built library of the C ABI of common.cuh, callable on torch tensors."""
 
-    def __init__(self, path: Path, name: str, parts: int | None = None) -> None:
-        self.parts = parts
+    def __init__(self, path: Path, name: str) -> None:
         self.lib = ctypes.CDLL(str(path))
         self.topk = getattr(self.lib, f"lr_{name}_topk")
         self.topk.argtypes = [_P, _I, _LL, _P, _P, _I, _I, _P, _LL, _P, _LL, _P]
@@ -99,12 +95,7 @@ class Kernel:
                 top_k, out.data_ptr(), out.stride(0), self.workspace.data_ptr(), self.workspace.numel())
 
         def launch() -> None:
-            if self.parts is not None:
-                os.environ["LR_DS_PARTS"] = str(self.parts)
-            try:
-                rc = self.topk(*args, torch.cuda.current_stream().cuda_stream)
-            finally:
-                os.environ.pop("LR_DS_PARTS", None)
+            rc = self.topk(*args, torch.cuda.current_stream().cuda_stream)
             if rc != 0:
                 raise RuntimeError(f"launch returned {rc}")
 
@@ -174,7 +165,7 @@ def correctness(kernel: Kernel) -> list[str]:
     cases = list(synth.suite("stress", "small"))
     for case in cases:
         check_case(kernel, case, failures)
-    # Few long rows: split over a cluster (the stress shapes are all one block per row).
+    # Few long rows, misaligned starts, a row of exactly top_k + 1 and one shorter than top_k.
     gen = torch.Generator().manual_seed(11)
     for dtype in (torch.float32, torch.bfloat16):
         ends = torch.tensor([300_000, 299_990, 3000, 513, 140_001, 511], dtype=torch.int32)
@@ -243,11 +234,8 @@ def main() -> int:
     ap.add_argument("--arch", default=None, help="target architecture (default: the current device's)")
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--skip-timing", action="store_true")
-    ap.add_argument("--single-block", type=lambda v: v.split(","),
-                    help="also time these variants with one block per row (no cluster split), as <name>_p1")
     args = ap.parse_args()
     names = args.variants.split(",")
-    timed = names + [f"{n}_p1" for n in args.single_block or []]
     arch = args.arch or build.device_arch()
     t0 = time.time()
     if args.build_only:
@@ -267,8 +255,6 @@ def main() -> int:
         libs = build_all(names, arch, Path("/tmp/deepselect-variants"))
     print(f"libraries ready in {time.time() - t0:.0f} s", flush=True)
     kernels = {n: Kernel(p, "deepselect") for n, p in libs.items()}
-    for n in args.single_block or []:
-        kernels[f"{n}_p1"] = Kernel(libs[n], "deepselect", parts=1)
     native = Kernel(build.build("native", arch), "native")
 
     report: dict = {"device": torch.cuda.get_device_name(), "variants": {n: VARIANTS.get(n) for n in names}}
@@ -285,11 +271,11 @@ def main() -> int:
         report["full_scale_failures"] = tfail
         if tfail:
             print("full-scale failures:", tfail[:10])
-        head = ["case", "dtype", "upstream", "native", *timed]
+        head = ["case", "dtype", "upstream", "native", *names]
         print("\nmedian us (H200 cold L2, graph); last column: best variant / upstream")
         print(" ".join(f"{h[:12]:>12}" for h in head) + "  best/up")
         for r in rows:
-            best = min(r[n] for n in timed)
+            best = min(r[n] for n in names)
             ratio = f"{best / r['upstream']:.2f}" if r["upstream"] else "-"
             cells = [r["case"][-12:], r["dtype"]] + [
                 "-" if r.get(h) is None else f"{r[h]:.1f}" for h in head[2:]]

@@ -25,9 +25,7 @@
 // ABI, workspace and status: see common.cuh.
 #include <cooperative_groups.h>
 
-#include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "common.cuh"
 
@@ -43,7 +41,11 @@ namespace cg = cooperative_groups;
 //   kB2       candidates appended since the last compaction that trigger the next one
 //   kDepth    rounds whose loads are in flight while a round is processed
 //   kBlocks   blocks per multiprocessor the register budget is sized for (__launch_bounds__)
-template <typename T, int K_MAX>
+// WIDE: rows of at least kWideStride elements (judged by the row stride, since the bounds stay on the
+// device), where longer rounds pay; only the classes up to 1024 have a wide variant.
+constexpr long long kWideStride = 65536;
+
+template <typename T, int K_MAX, bool WIDE>
 struct Config {
 #ifdef LR_DS_THREADS
   static constexpr int kThreads = LR_DS_THREADS;
@@ -53,9 +55,9 @@ struct Config {
 #ifdef LR_DS_ELEMS
   static constexpr int kElems = LR_DS_ELEMS;
 #else
-  // 8 beat 16 on every case but the widest (102400 columns: +6%): smaller rounds mean a smaller first
-  // compaction (the first round is taken whole) and less shared memory, so more blocks per SM.
-  static constexpr int kElems = 8;
+  // 8 beat 16 up to 51200 columns (by 3-20%): a smaller first compaction (the first round is taken
+  // whole) and less shared memory, so more blocks per SM; at 102400 columns 16 wins by about 14%.
+  static constexpr int kElems = WIDE ? 16 : 8;
 #endif
   static constexpr int kVecs = kElems * static_cast<int>(sizeof(T)) / 16;
 #ifdef LR_DS_B2
@@ -71,10 +73,10 @@ struct Config {
 #ifdef LR_DS_BLOCKS
   static constexpr int kBlocks = LR_DS_BLOCKS;
 #else
-  // Close to what the shared memory admits (about 34, 41, 64 and 128 KB for the four classes): the
-  // kernel is latency-bound (a barrier per round, a chain of barriers per select), so occupancy pays
-  // even at the price of a few spilled registers (48 registers at 5 blocks of 256 threads).
-  static constexpr int kBlocks = K_MAX <= 1024 ? 5 : K_MAX <= 2048 ? 3 : 1;
+  // Close to what the shared memory admits (about 34, 41, 64 and 128 KB for the four classes, 49 and
+  // 57 KB wide): occupancy pays (5 blocks beat 4 by 7% on 8192 x 8192) even at the price of a few
+  // spilled registers (48 registers at 5 blocks of 256 threads).
+  static constexpr int kBlocks = WIDE ? (K_MAX <= 512 ? 4 : 3) : K_MAX <= 1024 ? 5 : K_MAX <= 2048 ? 3 : 1;
 #endif
 };
 
@@ -95,9 +97,9 @@ __device__ __forceinline__ float element(const uint4& v, int j) {
   return __uint_as_float(j % 2 ? (w & 0xffff0000u) : (w << 16));
 }
 
-template <typename T, int K_MAX>
+template <typename T, int K_MAX, bool WIDE>
 struct DeepSelect {
-  using C = Config<T, K_MAX>;
+  using C = Config<T, K_MAX, WIDE>;
   static constexpr int kThreads = C::kThreads;
   static constexpr int kWarps = kThreads / lr::kWarp;
   static constexpr int kVec = 16 / sizeof(T);                // elements per 16-byte load
@@ -107,8 +109,6 @@ struct DeepSelect {
   static constexpr int kCap = K_MAX + C::kB2 + kRound;       // candidates never reach this
   static constexpr int kKeyBits = sizeof(T) == 4 ? 32 : 16;  // key bits that carry information
   static_assert(kPerThread <= 32, "one bit per element of a thread's round in a 32-bit mask");
-  // A row split over a cluster gathers every part's top_k in the first part's buffer.
-  static constexpr int kMaxParts = kCap / K_MAX < 8 ? kCap / K_MAX : 8;
 
   struct Smem {
     uint32_t keys[kCap];  // candidates [0, n): order-preserving keys ...
@@ -116,7 +116,6 @@ struct DeepSelect {
     uint32_t kept_keys[K_MAX];  // a compaction's survivors, copied back to the front
     int kept_idx[K_MAX];
     uint32_t warp_count[2][kWarps];  // accepted elements per warp, alternating rounds
-    int n_part;                      // candidates this part hands to the first part of its cluster
     lr::SelectScratch<kThreads> sel;
   };
 
@@ -202,18 +201,13 @@ struct DeepSelect {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& s = *reinterpret_cast<Smem*>(smem_raw);
     const int tid = threadIdx.x, lane = tid % lr::kWarp, warp = tid / lr::kWarp;
-    // Few long rows are split over the blocks of a cluster (`parts` of them, 1 without a cluster):
-    // each part visits its share of the segments, and the first part selects among their top_k.
-    const cg::cluster_group cluster = cg::this_cluster();
-    const int parts = static_cast<int>(cluster.num_blocks()), part = static_cast<int>(cluster.block_rank());
-    const long long r = blockIdx.x / parts;
+    const long long r = blockIdx.x;
     const int start = row_starts[r];
     const int len = row_ends[r] - start;
     int* out_row = out + r * out_stride;
     const T* row = logits + r * row_stride + start;
 
     if (len <= top_k) {  // every valid index, then -1; still look for NaN
-      if (part != 0) return;
       const int n = max(len, 0);
       for (int i = tid; i < n; i += kThreads) out_row[i] = i;
       lr::write_tail<kThreads>(out_row, n, top_k);
@@ -229,11 +223,9 @@ struct DeepSelect {
     const uint4* base = reinterpret_cast<const uint4*>(row - head);
     const uint32_t m = static_cast<uint32_t>((span + kSeg - 1) / kSeg);
     const uint32_t a = kPermPrime % m;
-    // Visit number i = round * lanes + (part * kWarps + warp): the parts interleave in one order.
-    const int lanes = kWarps * parts, my_lane = part * kWarps + warp;
-    const uint32_t step = static_cast<uint32_t>(static_cast<unsigned long long>(lanes) * a % m);
-    uint32_t seg = static_cast<uint32_t>((static_cast<unsigned long long>(my_lane) * a + m / 2) % m);
-    const int rounds = static_cast<int>((m + lanes - 1) / lanes);
+    const uint32_t step = static_cast<uint32_t>(static_cast<unsigned long long>(kWarps) * a % m);
+    uint32_t seg = static_cast<uint32_t>((static_cast<unsigned long long>(warp) * a + m / 2) % m);
+    const int rounds = static_cast<int>((m + kWarps - 1) / kWarps);
 
     float t = __uint_as_float(0x7fffffffu);  // NaN: every element passes `!(x <= t)`
     int n = 0;                               // candidates in s.keys / s.idx
@@ -274,7 +266,7 @@ struct DeepSelect {
     uint4 ahead[C::kDepth][C::kVecs];
     int ahead_seg[C::kDepth];
     auto issue = [&](int d, int round) {
-      ahead_seg[d] = round * lanes + my_lane < static_cast<int>(m) ? static_cast<int>(seg) : -1;
+      ahead_seg[d] = round * kWarps + warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
       if (ahead_seg[d] >= 0) load(ahead[d], base, ahead_seg[d], span, lane);
       seg += step;
       if (seg >= m) seg -= m;
@@ -294,34 +286,7 @@ struct DeepSelect {
       }
     }
 
-    if (parts > 1) {
-      // Every part cuts its candidates to top_k; the first gathers them over distributed shared
-      // memory (the second cluster barrier keeps the others' shared memory alive until then).
-      if (n > top_k) {
-        compact(s, n, top_k);
-        n = top_k;
-      }
-      if (tid == 0) s.n_part = n;
-      cluster.sync();
-      if (part == 0) {
-        for (int p = 1; p < parts; ++p) {
-          const Smem& other = *cluster.map_shared_rank(&s, p);
-          const int m_other = other.n_part;
-          for (int i = tid; i < m_other; i += kThreads) {
-            s.keys[n + i] = other.keys[i];
-            s.idx[n + i] = other.idx[i];
-          }
-          n += m_other;
-        }
-      }
-      cluster.sync();
-      if (part != 0) {
-        if (__syncthreads_or(nan) && tid == 0) lr::report_nan(status);
-        return;
-      }
-    }
-
-    __syncthreads();  // the last appends (or gathered candidates) are visible
+    __syncthreads();  // the last appends are visible
     const lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, top_k, s.sel);
     if (tid == 0) s.sel.emitted = 0;
     lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel,
@@ -330,82 +295,46 @@ struct DeepSelect {
   }
 };
 
-template <typename T, int K_MAX>
-__global__ __launch_bounds__(DeepSelect<T, K_MAX>::kThreads, Config<T, K_MAX>::kBlocks) void deepselect_kernel(
-    const T* __restrict__ logits, long long row_stride, const int* __restrict__ row_starts,
-    const int* __restrict__ row_ends, int top_k, int* __restrict__ out, long long out_stride, LrStatus* status) {
-  DeepSelect<T, K_MAX>::run(logits, row_stride, row_starts, row_ends, top_k, out, out_stride, status);
+template <typename T, int K_MAX, bool WIDE>
+__global__ __launch_bounds__(DeepSelect<T, K_MAX, WIDE>::kThreads, Config<T, K_MAX, WIDE>::kBlocks) void
+deepselect_kernel(const T* __restrict__ logits, long long row_stride, const int* __restrict__ row_starts,
+                  const int* __restrict__ row_ends, int top_k, int* __restrict__ out, long long out_stride,
+                  LrStatus* status) {
+  DeepSelect<T, K_MAX, WIDE>::run(logits, row_stride, row_starts, row_ends, top_k, out, out_stride, status);
 }
 
-// How many blocks share a row: the fewest that keep the last wave of blocks from leaving most SMs
-// idle. Only for rows several rounds long (the width is judged by the row stride, since the bounds
-// stay on the device); the cost of a split, one more compaction per part and a gather, is charged as
-// 4% of a row per extra part. LR_DS_PARTS in the environment fixes the choice (for the sweep).
-int choose_parts(int rows, long long row_stride, int round_elems, int slots, int max_parts) {
-  const char* forced = std::getenv("LR_DS_PARTS");
-  if (forced != nullptr && std::atoi(forced) > 0) return std::min(std::atoi(forced), max_parts);
-  if (row_stride < 8LL * round_elems) return 1;
-  int best = 1;
-  double best_cost = 1e30;
-  for (int p = 1; p <= max_parts && p <= 4; ++p) {
-    const long long blocks = static_cast<long long>(rows) * p;
-    const double cost = static_cast<double>((blocks + slots - 1) / slots) / p + 0.04 * (p - 1);
-    if (cost < best_cost) best = p, best_cost = cost;
-  }
-  return best;
-}
-
-template <typename T, int K_MAX>
+template <typename T, int K_MAX, bool WIDE = false>
 int launch(const void* logits, long long row_stride, const int* row_starts, const int* row_ends, int rows, int top_k,
            int* out, long long out_stride, LrStatus* status, cudaStream_t stream) {
-  using D = DeepSelect<T, K_MAX>;
+  using D = DeepSelect<T, K_MAX, WIDE>;
   constexpr int kSmem = static_cast<int>(sizeof(typename D::Smem));
-  auto* kernel = deepselect_kernel<T, K_MAX>;
-  // Once per device: above 48 KB of shared memory a kernel must opt in, and the SM count and blocks
-  // per SM size the split. None of these is a stream operation, so this is also safe while a graph is
-  // being captured (and is done by the first, uncaptured, call in practice).
-  struct PerDevice {
-    std::atomic<bool> ready{false};
-    int slots = 0;
-  };
-  static PerDevice per_device[64];
+  // Above 48 KB a kernel must opt in, once per device; not a stream operation, so it is also safe
+  // while a graph is being captured (and is done by the first, uncaptured, call in practice).
+  static std::atomic<uint64_t> opted_in{0};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return LR_ELAUNCH;
-  PerDevice& dev = per_device[device % 64];
-  if (!dev.ready.load()) {
-    int sms = 0, per_sm = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, D::kThreads, kSmem) != cudaSuccess)
+  const uint64_t bit = 1ull << (device % 64);
+  if (!(opted_in.load() & bit)) {
+    if (cudaFuncSetAttribute(deepselect_kernel<T, K_MAX, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSmem) != cudaSuccess)
       return LR_ELAUNCH;
-    dev.slots = std::max(1, sms * per_sm);
-    dev.ready.store(true);
+    opted_in.fetch_or(bit);
   }
-  const int parts = choose_parts(rows, row_stride, D::kRound, dev.slots, D::kMaxParts);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows) * parts);
-  config.blockDim = dim3(D::kThreads);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = parts;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(logits), row_stride, row_starts,
-                                             row_ends, top_k, out, out_stride, status);
-  return err == cudaSuccess && cudaGetLastError() == cudaSuccess ? LR_OK : LR_ELAUNCH;
+  deepselect_kernel<T, K_MAX, WIDE><<<rows, D::kThreads, kSmem, stream>>>(
+      static_cast<const T*>(logits), row_stride, row_starts, row_ends, top_k, out, out_stride, status);
+  return cudaGetLastError() == cudaSuccess ? LR_OK : LR_ELAUNCH;
 }
 
 template <typename T>
 int launch_for_k(const void* logits, long long row_stride, const int* row_starts, const int* row_ends, int rows,
                  int top_k, int* out, long long out_stride, LrStatus* status, cudaStream_t stream) {
+  const bool wide = row_stride >= kWideStride;
   if (top_k <= 512)
-    return launch<T, 512>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status, stream);
+    return (wide ? launch<T, 512, true> : launch<T, 512, false>)(logits, row_stride, row_starts, row_ends, rows,
+                                                                  top_k, out, out_stride, status, stream);
   if (top_k <= 1024)
-    return launch<T, 1024>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status, stream);
+    return (wide ? launch<T, 1024, true> : launch<T, 1024, false>)(logits, row_stride, row_starts, row_ends, rows,
+                                                                    top_k, out, out_stride, status, stream);
   if (top_k <= 2048)
     return launch<T, 2048>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status, stream);
   return launch<T, 4096>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status, stream);
