@@ -199,8 +199,9 @@ def control_matrix(recipe: synth.Recipe, dtype: torch.dtype):
 
 def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingProtocol,
             failures: list[str]) -> list[dict]:
-    from logitreplay.replay.timing_cuda import time_launches_cuda
+    from logitreplay.replay.timing_cuda import measure_read_bandwidth, time_launches_cuda
 
+    bandwidth = measure_read_bandwidth(torch.device("cuda"))
     rows = []
     for recipe in synth.recipes("seed-controls", "full"):
         for dtype in (torch.float32, torch.bfloat16):
@@ -220,6 +221,7 @@ def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingP
             up = UPSTREAM.get(key)
             rows.append({"case": recipe.case_id, "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
                          "upstream": None if up is None else up[dtype == torch.bfloat16],
+                    "floor": int((e - s).sum()) * logits.element_size() / bandwidth * 1e6,
                          **{n: t[n].median_us for n in t}})
             del logits
             torch.cuda.empty_cache()
@@ -234,6 +236,8 @@ def main() -> int:
     ap.add_argument("--arch", default=None, help="target architecture (default: the current device's)")
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--full-protocol", action="store_true",
+                    help="the replay protocol (25 warmups, 4 alternating rounds of 10) instead of a quick sweep")
     args = ap.parse_args()
     names = args.variants.split(",")
     arch = args.arch or build.device_arch()
@@ -265,13 +269,13 @@ def main() -> int:
     report["correctness"] = all_failures
     if not args.skip_timing:
         tfail: list[str] = []
-        protocol = TimingProtocol(warmup=5, rounds=2, samples_per_round=5)
+        protocol = TimingProtocol() if args.full_protocol else TimingProtocol(warmup=5, rounds=2, samples_per_round=5)
         rows = timings(kernels, native, protocol, tfail)
         report["timings"] = rows
         report["full_scale_failures"] = tfail
         if tfail:
             print("full-scale failures:", tfail[:10])
-        head = ["case", "dtype", "upstream", "native", *names]
+        head = ["case", "dtype", "floor", "upstream", "native", *names]
         print("\nmedian us (H200 cold L2, graph); last column: best variant / upstream")
         print(" ".join(f"{h[:12]:>12}" for h in head) + "  best/up")
         for r in rows:
