@@ -219,7 +219,9 @@ def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingP
                 failures += [f"{name}: {f}" for f in verify.check_output(label, logits, s, e, outs[name], expected)]
             key = (recipe.distribution, recipe.cols, recipe.rows, recipe.top_k)
             up = UPSTREAM.get(key)
-            rows.append({"case": recipe.case_id, "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
+            rows.append({"case": recipe.case_id,
+                         "label": f"{recipe.distribution} {recipe.cols}x{recipe.rows} k{recipe.top_k}",
+                         "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
                          "upstream": None if up is None else up[dtype == torch.bfloat16],
                     "floor": int((e - s).sum()) * logits.element_size() / bandwidth * 1e6,
                          **{n: t[n].median_us for n in t}})
@@ -277,13 +279,12 @@ def main() -> int:
             print("full-scale failures:", tfail[:10])
         head = ["case", "dtype", "floor", "upstream", "native", *names]
         print("\nmedian us (H200 cold L2, graph); last column: best variant / upstream")
-        print(" ".join(f"{h[:12]:>12}" for h in head) + "  best/up")
+        print(f"{'case (cols x rows)':>28} " + " ".join(f"{h[:10]:>10}" for h in head[1:]) + "  best/up")
         for r in rows:
             best = min(r[n] for n in names)
             ratio = f"{best / r['upstream']:.2f}" if r["upstream"] else "-"
-            cells = [r["case"][-12:], r["dtype"]] + [
-                "-" if r.get(h) is None else f"{r[h]:.1f}" for h in head[2:]]
-            print(" ".join(f"{c:>12}" for c in cells) + f"  {ratio}")
+            cells = [r["dtype"]] + ["-" if r.get(h) is None else f"{r[h]:.1f}" for h in head[2:]]
+            print(f"{r['label']:>28} " + " ".join(f"{c:>10}" for c in cells) + f"  {ratio}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 1 if any(all_failures.values()) else 0
