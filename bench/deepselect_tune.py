@@ -223,11 +223,22 @@ def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingP
                          "label": f"{recipe.distribution} {recipe.cols}x{recipe.rows} k{recipe.top_k}",
                          "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
                          "upstream": None if up is None else up[dtype == torch.bfloat16],
-                    "floor": int((e - s).sum()) * logits.element_size() / bandwidth * 1e6,
+                         "floor": int((e - s).sum()) * logits.element_size() / bandwidth * 1e6,
                          **{n: t[n].median_us for n in t}})
             del logits
             torch.cuda.empty_cache()
     return rows
+
+
+def print_table(rows: list[dict], names: list[str]) -> None:
+    head = ["dtype", "floor", "upstream", "native", *names]
+    print("\nmedian us (cold L2, CUDA graph); last column: best variant / upstream")
+    print(f"{'case (cols x rows)':>28} " + " ".join(f"{h[:10]:>10}" for h in head) + "  best/up")
+    for r in rows:
+        best = min(r[n] for n in names)
+        ratio = f"{best / r['upstream']:.2f}" if r["upstream"] else "-"
+        cells = [r["dtype"]] + ["-" if r.get(h) is None else f"{r[h]:.1f}" for h in head[1:]]
+        print(f"{r['label']:>28} " + " ".join(f"{c:>10}" for c in cells) + f"  {ratio}")
 
 
 def main() -> int:
@@ -277,14 +288,7 @@ def main() -> int:
         report["full_scale_failures"] = tfail
         if tfail:
             print("full-scale failures:", tfail[:10])
-        head = ["case", "dtype", "floor", "upstream", "native", *names]
-        print("\nmedian us (H200 cold L2, graph); last column: best variant / upstream")
-        print(f"{'case (cols x rows)':>28} " + " ".join(f"{h[:10]:>10}" for h in head[1:]) + "  best/up")
-        for r in rows:
-            best = min(r[n] for n in names)
-            ratio = f"{best / r['upstream']:.2f}" if r["upstream"] else "-"
-            cells = [r["dtype"]] + ["-" if r.get(h) is None else f"{r[h]:.1f}" for h in head[2:]]
-            print(f"{r['label']:>28} " + " ".join(f"{c:>10}" for c in cells) + f"  {ratio}")
+        print_table(rows, names)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 1 if any(all_failures.values()) else 0
