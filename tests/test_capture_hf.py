@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +296,27 @@ def test_modules_named_by_pattern_with_or_without_a_mask(tmp_path: Path) -> None
     for case in (causal, windowed):
         assert case.top_k == 4 and case.attrs["layer_name"] == "blocks.0.scorer" and case.attrs["layer_index"] == 0
         _assert_reference_is_topk(case)
+
+
+def test_a_failing_disk_stops_capture_with_one_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = _tiny("glm_moe_dsa")
+    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")))
+
+    def full_disk(case: Case, overwrite: bool = False) -> None:
+        raise OSError(28, "No space left on device")
+
+    writer.archive.write = full_disk  # type: ignore[method-assign]
+    capture = IndexerCapture(writer)
+    capture.attach(model)
+    ids = torch.randint(0, 128, (1, 12))
+    expected = _run(_tiny("glm_moe_dsa"), ids)
+    with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
+        assert torch.equal(_run(model, ids), expected)
+        deadline = time.monotonic() + 30
+        while not writer.failed and time.monotonic() < deadline:  # the writer meets the full disk
+            time.sleep(0.01)
+        for _ in range(2):
+            assert torch.equal(_run(model, ids), expected)
+        summary = capture.close()
+    assert "No space left on device" in summary["error"] and summary["captured"] == 0
+    assert len([r for r in caplog.records if "capture disabled" in r.getMessage()]) == 1

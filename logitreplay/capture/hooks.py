@@ -151,8 +151,8 @@ class IndexerCapture:
         if not self.enabled or self._active is not None:
             return
         try:
-            if self.writer.failed:
-                self._fail(f"writer stopped: {self.writer.error}")
+            if self.writer.failed:  # it has logged why; stop asking
+                self.enabled = False
                 return
             hidden = args[0] if args else kwargs.get("hidden_states")
             mask = _argument(args, kwargs, site.mask_arg, "attention_mask")
