@@ -320,3 +320,16 @@ def test_a_failing_disk_stops_capture_with_one_log_line(tmp_path: Path, caplog: 
         summary = capture.close()
     assert "No space left on device" in summary["error"] and summary["captured"] == 0
     assert len([r for r in caplog.records if "capture disabled" in r.getMessage()]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_capture_hf_on_cuda(tmp_path: Path, deepseek_dir: Path) -> None:
+    out = tmp_path / "cap.zarr"
+    summary = _capture([str(deepseek_dir), "--device", "cuda", "--random-tokens", "192", "--chunk-size", "64",
+                        "--out", str(out)])
+    assert summary["captured"] == 6 and summary["dropped"] == {} and summary["error"] is None
+    for case in Archive.open(out):
+        assert case.attrs["device"] == torch.cuda.get_device_name() and case.attrs["model_dtype"] == "bfloat16"
+        assert case.row_ends.tolist() == [case.cols - 64 + r + 1 for r in range(64)]
+        _assert_reference_is_topk(case)
