@@ -127,7 +127,10 @@ def _assert_matches(case: Case, logits: torch.Tensor, chunk: Chunk, written: tor
     assert padded.stride(0) == STRIDE
 
 
-def test_captures_multi_request_chunk_exactly(installed: VllmCapture, ops: types.ModuleType, tmp_path: Path) -> None:
+def test_captures_multi_request_chunk_exactly(installed: VllmCapture, ops: types.ModuleType, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(vllm_plugin.ENV_MODEL, "org/served-model")
+    vllm_plugin._model_facts.cache_clear()
     logits, chunk = two_request_chunk()
     written = indexer_prefill(ops, logits, chunk, LAYER)
     summary = installed.close()
@@ -138,6 +141,8 @@ def test_captures_multi_request_chunk_exactly(installed: VllmCapture, ops: types
     assert a["layer_name"] == LAYER and a["layer_index"] == 5 and a["tp_rank"] == 0 and a["rank"] == 0
     assert a["chunk"] == {"requests": 2, "token_start": 100, "token_end": 122}
     assert a["index_source"] == "input of vLLM top_k_per_row_prefill" and a["device"] == "cpu"
+    assert a["model"] == "org/served-model" and a["model_source"] == "hub"
+    vllm_plugin._model_facts.cache_clear()
 
 
 def test_direct_namespace_calls_are_captured(installed: VllmCapture, op_namespace: object, tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ Environment:
   LOGITREPLAY_CAPTURE_POLICY         policy spec, as `capture hf --policy` (default: first per layer, width)
   LOGITREPLAY_CAPTURE_RANKS          `0` (default), `all`, or TP ranks like `0+1`
   LOGITREPLAY_CAPTURE_PENDING_BYTES  device bytes staged but not yet written before dropping (default 4G)
+  LOGITREPLAY_CAPTURE_MODEL          model id (or path) to record; vLLM keeps its config current only while
+  LOGITREPLAY_CAPTURE_REVISION       building the model, so at kernel time a worker may not know it
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ ENV_DIR = "LOGITREPLAY_CAPTURE_DIR"
 ENV_POLICY = "LOGITREPLAY_CAPTURE_POLICY"
 ENV_RANKS = "LOGITREPLAY_CAPTURE_RANKS"
 ENV_PENDING = "LOGITREPLAY_CAPTURE_PENDING_BYTES"
+ENV_MODEL = "LOGITREPLAY_CAPTURE_MODEL"
+ENV_REVISION = "LOGITREPLAY_CAPTURE_REVISION"
 OP_NAME = "top_k_per_row_prefill"
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 _active: VllmCapture | None = None
@@ -236,17 +240,25 @@ def _caller_facts(frame: FrameType | None, depth: int = 6) -> tuple[str, dict[st
 
 @functools.cache
 def _model_facts() -> dict[str, Any]:
-    """Model id and exact revision from the engine's config, when this process has one."""
-    try:
-        from vllm.config import get_current_vllm_config
+    """Model id and exact revision (the hub-cache snapshot sha): from LOGITREPLAY_CAPTURE_MODEL /
+    LOGITREPLAY_CAPTURE_REVISION, else from the engine's config when it is current in this process."""
+    model, revision = os.environ.get(ENV_MODEL), os.environ.get(ENV_REVISION)
+    if model is None:
+        try:
+            from vllm.config import get_current_vllm_config_or_none
 
-        mc = get_current_vllm_config().model_config
-        model, revision = str(mc.model), getattr(mc, "revision", None)
-    except Exception:
+            config = get_current_vllm_config_or_none()
+            model_config = getattr(config, "model_config", None)
+            if model_config is not None:
+                model, revision = str(model_config.model), revision or getattr(model_config, "revision", None)
+        except Exception:
+            pass
+    if model is None:
         return {}
     from logitreplay.capture.hf import model_provenance
 
     return model_provenance(model, revision, None)
 
 
-__all__ = ["ENV_DIR", "ENV_PENDING", "ENV_POLICY", "ENV_RANKS", "VllmCapture", "register"]
+__all__ = ["ENV_DIR", "ENV_MODEL", "ENV_PENDING", "ENV_POLICY", "ENV_RANKS", "ENV_REVISION", "VllmCapture",
+           "register"]
