@@ -146,9 +146,7 @@ class VllmCapture:
     def _after(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                indices: torch.Tensor, rows: int, stride0: int, stride1: int, top_k: int) -> None:
         try:
-            if _capturing_graph(logits):
-                return
-            if not self._rank_wanted():
+            if self.selection.exhausted() or _capturing_graph(logits) or not self._rank_wanted():
                 return
             layer_name, chunk = _caller_facts(sys._getframe(2))
             m = _LAYER.search(layer_name)
