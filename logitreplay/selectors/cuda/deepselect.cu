@@ -13,14 +13,19 @@
 // Why each piece:
 // - Visit order: segment i of the row is visited as number (i * a + c) mod m, with a = P mod m for a
 //   prime P > m, so a is coprime with m (a permutation) and costs one modulo per row.
-// - Loads: 16-byte, coalesced (a warp reads 512 contiguous bytes per load instruction), one round in
-//   flight in registers while the previous round is filtered, appended and possibly compacted.
+// - Loads: 16-byte, coalesced (a warp reads 512 contiguous bytes per load instruction), the next round
+//   in flight in registers while this one is filtered, appended and possibly compacted.
 // - Comparisons: `!(x <= T)` is one unordered compare: NaN both as T (start) and as x (every NaN in the
 //   row becomes a candidate, so NaN is detected among candidates only, never per element).
 // - Appends: a warp-level popcount scan plus one barrier per round places every accepted element; the
 //   per-warp totals alternate between two slots so no second barrier is needed before the next round.
 // - bf16 keys use the fp32 key of the (exact) fp32 value; its low 16 bits carry no information, so the
 //   select resolves 16 bits (two radix passes) instead of 32.
+//
+// Measured and not used (bench/RESULTS.md): a row split over a thread-block cluster (1.6-2.1x slower:
+// every part restarts its threshold and compacts its own first rounds), and more loads in flight (two
+// rounds were no faster: the kernel is bound by its selects and barriers, not by load latency), which
+// is also why bulk (TMA) copies into shared memory were not pursued.
 //
 // ABI, workspace and status: see common.cuh.
 #include <cooperative_groups.h>
@@ -80,7 +85,7 @@ struct Config {
 #endif
 };
 
-// A prime above any segment count (2^31 / 512): its residue modulo m is coprime with m.
+// A prime above any segment count (fewer than 2^31 / 128): its residue modulo m is coprime with m.
 constexpr uint32_t kPermPrime = 2654435761u;
 
 // Inverse of lr::f32_key: the float whose key is `key`.
