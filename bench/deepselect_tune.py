@@ -21,6 +21,7 @@ import ctypes
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +33,9 @@ import torch
 from logitreplay.archive import Case
 from logitreplay.datasets import synth
 from logitreplay.replay import verify
+from logitreplay.replay.engine import environment
 from logitreplay.replay.timing import TimingProtocol
+from logitreplay.replay.timing_cuda import sm_clock_mhz
 from logitreplay.selectors.cuda import build
 
 VARIANTS: dict[str, dict[str, int]] = {
@@ -271,12 +274,14 @@ def main() -> int:
             print(f"prebuilt libraries unusable here ({e}); building")
             libs = {}
     if not libs:
-        libs = build_all(names, arch, Path("/tmp/deepselect-variants"))
+        libs = build_all(names, arch, Path(tempfile.mkdtemp(prefix="deepselect-variants-")))
     print(f"libraries ready in {time.time() - t0:.0f} s", flush=True)
     kernels = {n: Kernel(p, "deepselect") for n, p in libs.items()}
     native = Kernel(build.build("native", arch), "native")
 
-    report: dict = {"device": torch.cuda.get_device_name(), "variants": {n: VARIANTS.get(n) for n in names}}
+    device = torch.device("cuda")
+    report: dict = {"environment": environment(device), "sm_clock_mhz": sm_clock_mhz(device),
+                    "variants": {n: VARIANTS.get(n) for n in names}}
     all_failures: dict[str, list[str]] = {}
     for n, k in kernels.items():
         all_failures[n] = correctness(k)
@@ -288,6 +293,7 @@ def main() -> int:
         rows = timings(kernels, native, protocol, tfail)
         report["timings"] = rows
         report["full_scale_failures"] = tfail
+        report["sm_clock_mhz_end"] = sm_clock_mhz(device)
         if tfail:
             print("full-scale failures:", tfail[:10])
         print_table(rows, names)
