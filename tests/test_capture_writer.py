@@ -60,7 +60,7 @@ def test_cases_are_written_exactly_with_provenance_and_summary(tmp_path: Path) -
     assert case.attrs["capture_policy"]["mode"] == "every_call" and "created" in case.attrs
 
     assert (out / "zarr.json").read_text() == root_before  # shared root attributes never rewritten
-    on_disk = json.loads((out / f"capture-summary-r3-p{os.getpid()}.json").read_text())
+    on_disk = json.loads((out / f"capture-summary-{writer.prefix}.json").read_text())
     assert on_disk["captured"] == summary["captured"] == 2
     assert on_disk["bytes"] == 4 * int((ends - starts).sum() + (second[2] - second[1]).sum())
     assert on_disk["widths"] == {"layers.0.indexer": [64], "layers.1.indexer": [32]}
@@ -160,3 +160,13 @@ def test_killed_capture_leaves_every_completed_case_readable(tmp_path: Path) -> 
         case = archive.read(cid)
         assert case.rows == 512 and np.isfinite(case.values).all()
     assert set(archive.incomplete()).isdisjoint(ids)
+
+
+def test_writers_appending_to_one_archive_never_collide(tmp_path: Path) -> None:
+    out = tmp_path / "cap.zarr"
+    for _ in range(2):  # e.g. two runs of one script, or a restarted server whose worker got the same pid
+        writer = CaptureWriter(out, Selection(Policy.parse("every")))
+        assert _submit(writer, *_matrix(4, 16))
+        assert writer.close()["error"] is None
+    assert len(Archive.open(out).case_ids()) == 2
+    assert len(list(out.glob("capture-summary-*.json"))) == 2

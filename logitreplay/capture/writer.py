@@ -14,6 +14,7 @@ and counted, never waited for. Any error in the writer is logged once and turns 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ log = logging.getLogger("logitreplay.capture")
 
 DEFAULT_MAX_PENDING = 8
 DEFAULT_MAX_PENDING_BYTES = 4 << 30
+_WRITERS = itertools.count(1)
 
 
 @dataclass
@@ -53,7 +55,7 @@ class _Staged:
 
 
 class CaptureWriter:
-    """Owns the case groups `r<rank>-p<pid>-*` of one archive and a background thread writing them.
+    """Owns the case groups `r<rank>-p<pid>-<start>-<n>-*` of one archive and a background thread writing them.
 
     Several processes (tensor-parallel ranks, repeated runs) may write into the same archive directory:
     each only creates its own case groups and its own summary file, and never rewrites root attributes.
@@ -65,7 +67,9 @@ class CaptureWriter:
         self.path = Path(path)
         self.selection = selection
         self.rank = rank
-        self.prefix = f"r{rank}-p{os.getpid()}"
+        # Unique across processes and runs appending to one archive (pids repeat, e.g. in containers) and
+        # across writers of one process: rank, pid, start time, and a per-process writer number.
+        self.prefix = f"r{rank}-p{os.getpid()}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{next(_WRITERS)}"
         self.archive = _open_archive(self.path)
         self.max_pending_bytes = max_pending_bytes
         self.captured = 0
