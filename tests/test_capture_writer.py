@@ -170,3 +170,23 @@ def test_writers_appending_to_one_archive_never_collide(tmp_path: Path) -> None:
         assert writer.close()["error"] is None
     assert len(Archive.open(out).case_ids()) == 2
     assert len(list(out.glob("capture-summary-*.json"))) == 2
+
+
+_RANK = textwrap.dedent("""
+    import sys, torch
+    from logitreplay.capture.policy import Policy, Selection
+    from logitreplay.capture.writer import CaptureWriter
+    writer = CaptureWriter(sys.argv[1], Selection(Policy.parse("every")), rank=int(sys.argv[2]))
+    logits, starts, ends = torch.randn(4, 16), torch.zeros(4, dtype=torch.int64), torch.full((4,), 16)
+    writer.submit(logits, starts, ends, starts.numpy(), ends.numpy(), None, top_k=4, row_stride=16,
+                  layer_index=0, layer_name="x", single_request=True, attrs={})
+    assert writer.close()["error"] is None
+""")
+
+
+def test_ranks_creating_one_archive_at_once_all_write(tmp_path: Path) -> None:
+    out = tmp_path / "cap.zarr"
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(out), str(rank)]) for rank in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    ids = Archive.open(out).case_ids()
+    assert sorted(cid.split("-")[0] for cid in ids) == ["r0", "r1", "r2"]
