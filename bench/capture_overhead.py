@@ -79,6 +79,39 @@ def check_reference(case: Case, device: torch.device) -> int:
     return int(bad.sum())
 
 
+def hook_cost_us(model: Any, device: torch.device, work: Path, calls: int = 2000, rounds: int = 5) -> dict[str, float]:
+    """What the hooks add to one indexer call the policy refuses (budget spent): a small call of the
+    layer-0 indexer timed with an idle capture attached and detached, alternating; microseconds."""
+    config = model.config
+    indexer = model.model.layers[0].self_attn.indexer
+    dtype = next(indexer.parameters()).dtype
+    rope = torch.ones(1, 1, config.qk_rope_head_dim, device=device, dtype=dtype)
+    args = (torch.randn(1, 1, config.hidden_size, device=device, dtype=dtype),
+            torch.randn(1, 1, config.q_lora_rank, device=device, dtype=dtype), (rope, rope * 0),
+            torch.ones(1, 1, 1, dtype=torch.bool, device=device), torch.zeros(1, 1, dtype=torch.long, device=device))
+    idle = IndexerCapture(CaptureWriter(work / "hook-cost.zarr", Selection(Policy.parse("max-cases=0"))))
+
+    def per_call() -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for _ in range(calls):
+                indexer(*args)
+        sync(device)
+        return (time.perf_counter() - t0) / calls
+
+    per_call()
+    plain, armed = [], []
+    for _ in range(rounds):
+        plain.append(per_call())
+        idle.attach(model)
+        armed.append(per_call())
+        idle.detach()
+    idle.close()
+    return {"indexer_call_us": 1e6 * statistics.median(plain),
+            "hooks_us": 1e6 * statistics.median(a - p for a, p in zip(armed, plain, strict=True))}
+
+
 def prefill(model: Any, ids: torch.Tensor, chunk: int, device: torch.device) -> float:
     from transformers import DynamicCache
 
@@ -168,6 +201,7 @@ def main() -> None:
         staged.append({k: s[k] for k in ("captured", "bytes", "dropped", "error")})
         shutil.rmtree(work / f"round{r}.zarr")
     idle_summary = idle.close()
+    hooks = hook_cost_us(model, device, work)
 
     med = {k: statistics.median(v) for k, v in times.items()}
     spread = {k: (min(v), max(v)) for k, v in times.items()}
@@ -185,6 +219,7 @@ def main() -> None:
         "capture_extra_per_case_ms": 1e3 * extra / cases,
         "capture_extra_fraction": extra / med["plain"],
         "staged_per_round": staged, "flush_s": flush, "idle_refused_calls_captured": idle_summary["captured"],
+        "hook_cost": hooks,
     }
     if os.environ.get("OUT"):
         out = Path(os.environ["OUT"]) / "capture_overhead.json"
@@ -200,6 +235,8 @@ def main() -> None:
     print(f"capturing: {cases} cases/round, {staged[-1]['bytes'] / 2**20:.1f} MiB staged, extra on the model's "
           f"stream {1e3 * extra:.1f} ms ({1e3 * extra / cases:.2f} ms per case), writer flush after the forward "
           f"{statistics.median(flush):.2f} s, dropped {staged[-1]['dropped'] or 'none'}")
+    print(f"hooks on a refused indexer call: {hooks['hooks_us']:+.1f} us on a {hooks['indexer_call_us']:.1f} us "
+          f"call (x {args.layers} layers x {-(-args.tokens // args.chunk_size)} chunks per prefill)")
     print(f"verification: {bad_rows} rows whose reference is not the top-k; replay --strict exit "
           f"{replayed.exit_code}; statuses {statuses}")
 
