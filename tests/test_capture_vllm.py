@@ -218,6 +218,8 @@ def test_uninstall_restores_the_originals(tmp_path: Path, ops: types.ModuleType,
     capture = VllmCapture(tmp_path / "cap.zarr", Policy())
     capture.install(ops, op_namespace)
     assert ops.top_k_per_row_prefill is not before[0]  # type: ignore[attr-defined]
+    # code that inspects the op (its overloads, its schema) still sees the original's
+    assert op_namespace.top_k_per_row_prefill.default is before[1].default  # type: ignore[attr-defined]
     capture.uninstall()
     assert (ops.top_k_per_row_prefill, op_namespace.top_k_per_row_prefill) == before  # type: ignore[attr-defined]
 

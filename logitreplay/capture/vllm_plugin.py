@@ -105,7 +105,7 @@ class VllmCapture:
                 original = getattr(target, OP_NAME)
             except (AttributeError, RuntimeError):
                 continue
-            setattr(target, OP_NAME, self.wrap(original))
+            setattr(target, OP_NAME, _Wrapped(self, original))
             self._patched.append((target, original))
         if not self._patched:
             raise RuntimeError(f"no {OP_NAME} found to wrap")
@@ -124,31 +124,12 @@ class VllmCapture:
         """Flush and write the run summary (also registered with atexit in a vLLM process)."""
         return self.writer.close() if self.writer is not None else None
 
-    def wrap(self, original: Callable[..., Any]) -> Callable[..., None]:
-        @functools.wraps(original)
-        def top_k_per_row_prefill(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                                  indices: torch.Tensor, num_rows: int, stride0: int, stride1: int,
-                                  top_k: int) -> None:
-            if getattr(self._inside, "active", False):  # the outer wrapper of this same call captures
-                original(logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k)
-                return
-            self._inside.active = True
-            try:
-                original(logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k)
-            finally:
-                self._inside.active = False
-            if self.enabled:
-                self._after(logits, row_starts, row_ends, indices, int(num_rows), int(stride0), int(stride1),
-                            int(top_k))
-
-        return top_k_per_row_prefill
-
     def _after(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                indices: torch.Tensor, rows: int, stride0: int, stride1: int, top_k: int) -> None:
         try:
             if self.selection.exhausted() or _capturing_graph(logits) or not self._rank_wanted():
                 return
-            layer_name, chunk = _caller_facts(sys._getframe(2))
+            layer_name, chunk = _caller_facts(sys._getframe(2))  # _after <- _Wrapped.__call__ <- caller
             m = _LAYER.search(layer_name)
             layer_index = int(m.group(1)) if m else -1
             cols = int(logits.shape[1])
@@ -212,6 +193,35 @@ class VllmCapture:
                 tp_rank = global_rank
             self._rank = (tp_rank, global_rank)
         return self._rank
+
+
+class _Wrapped:
+    """Stands in for the op: runs the original, then offers the call to the capture. Every other attribute
+    (`.default`, overloads, the schema) is the original's, so code that inspects the op keeps working."""
+
+    def __init__(self, capture: VllmCapture, original: Callable[..., Any]) -> None:
+        self._capture = capture
+        self._original = original
+        self.__wrapped__ = original
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._original, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        capture = self._capture
+        if getattr(capture._inside, "active", False):  # the outer wrapper of this same call captures
+            return self._original(*args, **kwargs)
+        capture._inside.active = True
+        try:
+            result = self._original(*args, **kwargs)
+        finally:
+            capture._inside.active = False
+        # (logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k), as vLLM passes them
+        if capture.enabled and len(args) == 8 and not kwargs:
+            logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k = args
+            capture._after(logits, row_starts, row_ends, indices, int(num_rows), int(stride0), int(stride1),
+                           int(top_k))
+        return result
 
 
 def _capturing_graph(logits: torch.Tensor) -> bool:
