@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import tomllib
 import types
 from collections.abc import Iterator
@@ -246,6 +247,9 @@ def test_cuda_capture_skips_graph_capture_and_stages_through_pinned_memory(
     logits, chunk = two_request_chunk("cuda")
     static_out = torch.empty(22, TOP_K, dtype=torch.int32, device="cuda")
     indexer_prefill(ops, logits, chunk, LAYER)  # warm up outside the graph (captured once, as usual)
+    deadline = time.monotonic() + 60
+    while installed.writer is not None and installed.writer.captured < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # a graph capture forbids the writer's host allocations and syncs: let it finish
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ops.top_k_per_row_prefill(logits, chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, static_out, 22,  # type: ignore[attr-defined]
