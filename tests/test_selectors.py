@@ -120,3 +120,20 @@ def test_launch_reads_bounds_changed_in_place(name: str) -> None:
     out.reset()
     launch()
     assert check_output(case, logits, starts, ends, out, expected_values(logits, starts, ends, case.top_k)) == []
+
+
+@pytest.mark.parametrize("dist", ["normal+100", "normal*1e-8", "low10", "ties", "relu"])
+def test_multi_pass_selections_verify(dist: str) -> None:
+    """The selections of the extra passes (not only their count) are right, with starts past 0 and bf16."""
+    from logitreplay.datasets import synth
+
+    passes = []
+    for dtype in ("float32", "bfloat16"):
+        for starts in ("zero", "requests"):
+            recipe = synth.Recipe("test", "mp", dist, 6, 12288, 512, "causal", 9, dtype=dtype, starts=starts)
+            case = synth.generate(recipe)
+            result = replay_case(case, [build(n) for n in SELECTORS], torch.device("cpu"), ONCE)
+            assert [r.status for r in result.results] == ["ok"] * 3, [(r.selector, r.reason) for r in result.results]
+            passes.append(models.case_work(case)["native_passes_max"])
+    if dist in ("normal+100", "normal*1e-8", "low10"):
+        assert max(passes) >= 2
