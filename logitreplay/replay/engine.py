@@ -154,7 +154,11 @@ def describe_source(case: Case) -> str:
     """A short source for tables: the synthetic distribution, or model and layer of a capture."""
     a = case.attrs
     if a.get("source") == "synthetic":
-        return str(a.get("distribution", "synthetic"))
+        recipe = a.get("recipe") if isinstance(a.get("recipe"), dict) else {}
+        tags = [t for t, on in (("edge rows", recipe.get("ends") == "edges"),
+                                ("multi-request", recipe.get("starts") == "requests"),
+                                (f"stride {recipe.get('row_stride')}", recipe.get("row_stride") is not None)) if on]
+        return ", ".join([str(a.get("distribution", "synthetic")), *tags])
     parts = []
     if a.get("model"):
         parts.append(str(a["model"]).rstrip("/").rsplit("/", 1)[-1])  # a local path or an org/name id
