@@ -102,6 +102,16 @@ def test_capture_hf_through_the_cli(model_dir: Path, tmp_path: Path) -> None:
         _assert_reference_is_topk(case)
 
 
+def test_a_spent_budget_ends_the_run(tmp_path: Path, deepseek_dir: Path) -> None:
+    summary = _capture([str(deepseek_dir), "--random-tokens", "192", "--chunk-size", "64", "--policy", "every",
+                        "--policy", "max-cases=2", "--out", str(tmp_path / "cap.zarr")])
+    assert summary["captured"] == 2 and summary["dropped"] == {}
+    assert summary["tokens"] == 192 and summary["tokens_run"] == 64  # both layers of chunk 1: nothing left to keep
+    result = CliRunner().invoke(main, ["capture", "hf", str(deepseek_dir), "--random-tokens", "192", "--chunk-size",
+                                       "64", "--policy", "max-cases=2", "--out", str(tmp_path / "b.zarr")])
+    assert result.exit_code == 0 and "64 of 192 tokens (stopped: nothing more to keep)" in result.output
+
+
 def test_capture_then_replay_verifies_every_selector(tmp_path: Path, deepseek_dir: Path) -> None:
     out = tmp_path / "cap.zarr"
     _capture([str(deepseek_dir), "--random-tokens", "96", "--chunk-size", "48", "--out", str(out)])

@@ -89,10 +89,12 @@ def _print_summary(s: dict[str, Any]) -> None:
     table.add_column("widths (columns)")
     for name, widths in s["widths"].items():
         table.add_row(name, ", ".join(map(str, widths)))
-    console = Console()
+    console = Console(soft_wrap=True)
     console.print(table)
+    tokens = f"{s['tokens']} tokens" if s["tokens_run"] == s["tokens"] else \
+        f"{s['tokens_run']} of {s['tokens']} tokens (stopped: nothing more to keep)"
     console.print(f"model {s['model']} @ {s['revision'] or '(local, no revision)'}: {s['sequences']} sequence(s), "
-                  f"{s['tokens']} tokens, chunk {s['chunk_size']}, {s['device']}, {s['seconds']:.1f} s")
+                  f"{tokens}, chunk {s['chunk_size']}, {s['device']}, {s['seconds']:.1f} s")
     for kind in ("dropped", "skipped"):
         if s[kind]:
             console.print(f"{kind}: " + ", ".join(f"{k}={v}" for k, v in s[kind].items()))

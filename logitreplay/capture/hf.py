@@ -11,7 +11,7 @@ import inspect
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,22 +90,21 @@ def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -
         total = sum(len(s) for s in sequences)
         done = 0
         with torch.inference_mode():
-            for seq_index, ids in enumerate(sequences):
-                cache = DynamicCache(config=model.config)
-                for start in range(0, len(ids), run.chunk_size):
-                    end = min(start + run.chunk_size, len(ids))
-                    capture.chunk = {"sequence": seq_index, "token_start": start, "token_end": end}
-                    model(input_ids=ids[start:end][None].to(device), use_cache=True, logits_to_keep=1,
-                          **{cache_arg: cache})
-                    done += end - start
-                    if progress:
-                        progress(done, total)
-                if capture.error:  # capture turned itself off: no point running the rest
+            for seq_index, start, end, ids in _chunks(sequences, run.chunk_size):
+                if start == 0:
+                    cache = DynamicCache(config=model.config)
+                capture.chunk = {"sequence": seq_index, "token_start": start, "token_end": end}
+                model(input_ids=ids[start:end][None].to(device), use_cache=True, logits_to_keep=1,
+                      **{cache_arg: cache})
+                done += end - start
+                if progress:
+                    progress(done, total)
+                if not capture.enabled or capture.selection.exhausted():  # nothing more can be kept
                     break
     finally:
         summary = capture.close()
     summary.update({"model": provenance["model"], "revision": provenance["revision"],
-                    "sequences": len(sequences), "tokens": sum(len(s) for s in sequences),
+                    "sequences": len(sequences), "tokens": total, "tokens_run": done,
                     "chunk_size": run.chunk_size, "device": str(device), "seconds": time.perf_counter() - started})
     return summary
 
@@ -135,6 +134,13 @@ def cached_revision(repo_id: str, revision: str | None) -> str | None:
         return None
     m = _SNAPSHOT.search(os.fspath(path)) if isinstance(path, str | os.PathLike) else None
     return m.group(1) if m else None
+
+
+def _chunks(sequences: list[torch.Tensor], size: int) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+    """(sequence index, start, end, sequence) of every prefill chunk, sequence after sequence."""
+    for seq_index, ids in enumerate(sequences):
+        for start in range(0, len(ids), size):
+            yield seq_index, start, min(start + size, len(ids)), ids
 
 
 def _sequences(run: HFRun, vocab_size: int) -> list[torch.Tensor]:
