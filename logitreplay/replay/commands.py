@@ -15,7 +15,7 @@ from logitreplay.cli import user_errors
 from logitreplay.datasets import synth
 from logitreplay.datasets.commands import progress
 from logitreplay.replay import report
-from logitreplay.replay.engine import ExtraCheck, ReplayResult, environment, open_cases, replay
+from logitreplay.replay.engine import CaseResult, ExtraCheck, ReplayResult, environment, open_cases, replay
 from logitreplay.replay.timing import TimingProtocol
 from logitreplay.selectors.base import Launch, Selector, SelectorError, available, build, load_factory
 
@@ -40,8 +40,12 @@ class Unbuildable:
         raise RuntimeError(self.reason)
 
 
+def _wanted(names: str, specs: tuple[str, ...]) -> list[str]:
+    return [n.strip() for n in names.split(",") if n.strip()] + list(specs)
+
+
 def _selectors(names: str, specs: tuple[str, ...]) -> list[Selector]:
-    wanted = [n.strip() for n in names.split(",") if n.strip()] + list(specs)
+    wanted = _wanted(names, specs)
     if not wanted:
         raise SelectorError("no selectors given (--selectors or --selector)")
     registry = available()
@@ -101,13 +105,19 @@ def _poison(text: str) -> float:
               help="Write a PNG bar plot (needs matplotlib: pip install 'logitreplay[plot]').")
 @click.option("--recommend", is_flag=True, help="Print, per selector pair, the logits width where one overtakes "
               "the other (a dispatch rule from the measured cases), and add it to the JSON.")
+@click.option("--isolate", is_flag=True, help="Run each selector in a child process of its own: a selector that "
+              "hangs, crashes or breaks the CUDA context loses only its own result for that case.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds one selector may spend on one case (verify + time) before its child is killed; "
+              "implies --isolate [default with --isolate: 600].")
 @click.option("--strict", is_flag=True, help="Exit 1 when a selector failed verification or raised, or a "
               "case was invalid.")
 @user_errors
 def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None, names: str,
                specs: tuple[str, ...], baseline: str | None, device: str, warmup: int | None,
                rounds: int | None, timer: str, l2: str, poison_text: str, json_path: Path | None,
-               csv_path: Path | None, plot_path: Path | None, recommend: bool, strict: bool) -> None:
+               csv_path: Path | None, plot_path: Path | None, recommend: bool, isolate: bool,
+               timeout_s: float | None, strict: bool) -> None:
     """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
     control suite against top-k selectors: verify every selector's output, time the verified ones, and
     print a table of median times and ratios to a baseline."""
@@ -156,9 +166,23 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
         read_bandwidth = measure_read_bandwidth(dev)
         env.update(gpu_environment(dev), read_bandwidth_bytes_per_s=read_bandwidth)
     result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
-    stream = replay(cases, selectors, dev, protocol, poison, extra_checks, read_bandwidth)
-    for case_result in progress(stream, total, "replay"):
-        result.cases.append(case_result)
+    if isolate or timeout_s is not None:
+        from logitreplay.replay.isolate import Job, merge, replay_isolated
+
+        del cases  # each child opens the cases itself
+        jobs = [Job(spec, sel.name, list(locations), suite, scale, device, protocol.to_json(), poison,
+                    read_bandwidth) for spec, sel in zip(_wanted(names, specs), selectors, strict=True)]
+        per_selector: dict[str, dict[int, CaseResult]] = {}
+        isolated = replay_isolated(jobs, total, 600.0 if timeout_s is None else timeout_s)
+        for name, index, case_result in progress(isolated, total * len(jobs), "replay (isolated)"):
+            per_selector.setdefault(name, {})[index] = case_result
+        result.cases = merge(per_selector, columns, total)
+        notes.append("--isolate: each selector ran in its own process; timing rounds alternate only within "
+                     "a selector")
+    else:
+        stream = replay(cases, selectors, dev, protocol, poison, extra_checks, read_bandwidth)
+        for case_result in progress(stream, total, "replay"):
+            result.cases.append(case_result)
     # Off a terminal (logs, pipes, CI) rich would wrap the table at 80 columns; give it room instead.
     console = Console() if Console().is_terminal else Console(width=220)
     if dev.type == "cuda":

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.archive import Archive, Case
+from logitreplay.archive import Archive, ArchiveError, Case
 from logitreplay.replay.timing import Timing, TimingProtocol, time_launches
 from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values, nan_row
 from logitreplay.selectors.base import Launch, Selector
@@ -188,15 +188,21 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
 
 
-def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device, protocol: TimingProtocol,
-                poison: float = 1e30, extra_checks: Sequence[ExtraCheck] = (),
-                read_bandwidth: float | None = None) -> CaseResult:
-    """Replay one case against every selector (see the module docstring); `read_bandwidth` in bytes/s."""
+def case_header(case: Case, read_bandwidth: float | None = None) -> CaseResult:
+    """A case's result before any selector ran: shape, source, fast-path eligibility, read floor."""
     ok, note = fast_path(case)
     result = CaseResult(case.case_id, case.rows, case.cols, case.top_k, case.dtype, case.row_stride,
                         describe_source(case), case.nbytes, fast_path=ok, fast_path_note=note)
     if read_bandwidth:
         result.floor_us = case.nbytes / read_bandwidth * 1e6
+    return result
+
+
+def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device, protocol: TimingProtocol,
+                poison: float = 1e30, extra_checks: Sequence[ExtraCheck] = (),
+                read_bandwidth: float | None = None) -> CaseResult:
+    """Replay one case against every selector (see the module docstring); `read_bandwidth` in bytes/s."""
+    result = case_header(case, read_bandwidth)
     bad = nan_row(case, device)
     if bad is not None:
         result.invalid = f"NaN inside row {bad}"
@@ -257,17 +263,31 @@ def _time(launches: dict[str, Launch], device: torch.device,
         return out
 
 
-def replay(cases: Iterable[Case], selectors: Sequence[Selector], device: torch.device,
+@dataclass(frozen=True)
+class Unreadable:
+    """A stored case that could not be read (damaged chunk, malformed attributes): it is reported as an
+    invalid case with the archive's one-line error, and the other cases still replay."""
+
+    case_id: str
+    reason: str
+
+
+def replay(cases: Iterable[Case | Unreadable], selectors: Sequence[Selector], device: torch.device,
            protocol: TimingProtocol, poison: float = 1e30, extra_checks: Sequence[ExtraCheck] = (),
            read_bandwidth: float | None = None) -> Iterator[CaseResult]:
     """Replay cases one at a time (each is dropped before the next is read)."""
     for case in cases:
+        if isinstance(case, Unreadable):
+            yield CaseResult(case.case_id, 0, 0, 0, "-", 0, "unreadable", 0, invalid=case.reason)
+            continue
         yield replay_case(case, selectors, device, protocol, poison, extra_checks, read_bandwidth)
 
 
-def open_cases(locations: Sequence[str], suite: str | None, scale: str) -> tuple[Iterator[Case], int]:
+def open_cases(locations: Sequence[str], suite: str | None, scale: str,
+               start: int = 0) -> tuple[Iterator[Case | Unreadable], int]:
     """Cases to replay and how many: every complete case of each archive (path or URL), then the
-    built-in suite if one is named. Archives are opened (and so checked) before anything runs.
+    built-in suite if one is named, skipping the first `start` without reading them (an isolated child
+    resumes after a crash this way). Archives are opened (and so checked) before anything runs.
 
     A suite is regenerated case by case from its recipes rather than cached on disk: generation is
     bit-identical everywhere and costs less than writing and re-reading the ~3.5 GB full-scale suite
@@ -275,16 +295,22 @@ def open_cases(locations: Sequence[str], suite: str | None, scale: str) -> tuple
     from logitreplay.datasets import synth
 
     archives = [Archive.open(loc) for loc in locations]
-    total = sum(len(a) for a in archives)
-    recipes = synth.recipes(suite, scale) if suite is not None else []
+    entries: list[tuple[Archive, str] | synth.Recipe] = [(a, cid) for a in archives for cid in a.case_ids()]
+    if suite is not None:
+        entries += synth.recipes(suite, scale)
 
-    def stream() -> Iterator[Case]:
-        for a in archives:
-            yield from a
-        for r in recipes:
-            yield synth.generate(r)
+    def stream() -> Iterator[Case | Unreadable]:
+        for entry in entries[start:]:
+            if isinstance(entry, synth.Recipe):
+                yield synth.generate(entry)
+                continue
+            archive, case_id = entry
+            try:
+                yield archive.read(case_id)
+            except ArchiveError as e:
+                yield Unreadable(case_id, f"unreadable: {e}")
 
-    return stream(), total + len(recipes)
+    return stream(), len(entries)
 
 
 def environment(device: torch.device) -> dict[str, Any]:

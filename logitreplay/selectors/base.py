@@ -9,6 +9,8 @@ bounds changed in place, as production does.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Protocol, runtime_checkable
@@ -58,6 +60,10 @@ def load_factory(spec: str) -> Callable[[], Selector]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SelectorError(f"selector {spec!r}: expected 'package.module:factory'")
+    # Like `python -m`, resolve plugin modules from the working directory too (a console script's
+    # sys.path lacks it), so `--selector mykernels.topk:make` works from a checkout.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

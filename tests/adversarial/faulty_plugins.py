@@ -1,0 +1,74 @@
+"""Selector plugins that fail the way foreign code does: hang, kill their process, return something
+that is not a launch, write the wrong shape or dtype. Used with `replay --isolate`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from logitreplay.archive import Case
+from logitreplay.selectors.base import Launch
+
+
+class _Faulty:
+    def __init__(self, name: str, prepare_result: object = None) -> None:
+        self.name = name
+        self._prepare_result = prepare_result
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        return None
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        return self._launch(out)  # type: ignore[no-any-return]
+
+    def _launch(self, out: torch.Tensor) -> object:
+        raise NotImplementedError
+
+
+class _Hang(_Faulty):
+    def _launch(self, out: torch.Tensor) -> object:
+        return lambda: time.sleep(3600)
+
+
+class _Segfault(_Faulty):
+    def _launch(self, out: torch.Tensor) -> object:
+        return lambda: os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class _NotALaunch(_Faulty):
+    def _launch(self, out: torch.Tensor) -> object:
+        return torch.zeros_like(out)
+
+
+class _WrongShape(_Faulty):
+    def _launch(self, out: torch.Tensor) -> object:
+        return lambda: out.copy_(torch.zeros(out.shape[0], out.shape[1] + 1, dtype=torch.int32))
+
+
+class _WrongDtype(_Faulty):
+    def _launch(self, out: torch.Tensor) -> object:
+        return lambda: out.copy_(torch.full(out.shape, 0.75, dtype=torch.float64))
+
+
+def make_hang() -> _Faulty:
+    return _Hang("hang")
+
+
+def make_segfault() -> _Faulty:
+    return _Segfault("segfault")
+
+
+def make_not_a_launch() -> _Faulty:
+    return _NotALaunch("not-a-launch")
+
+
+def make_wrong_shape() -> _Faulty:
+    return _WrongShape("wrong-shape")
+
+
+def make_wrong_dtype() -> _Faulty:
+    return _WrongDtype("wrong-dtype")
