@@ -86,7 +86,7 @@ def test_card_round_trips_through_datasetcard_load(suite_archive: Path, tmp_path
 
 def test_card_records_models_revisions_engines_and_policy(tmp_path: Path) -> None:
     base = next(synth.suite("stress", "small"))
-    prov = {"source": "vllm", "model": "deepseek-ai/DeepSeek-V3.2", "model_revision": "f" * 40, "engine": "vllm",
+    prov = {"source": "vllm", "model": "deepseek-ai/DeepSeek-V3.2", "revision": "f" * 40, "engine": "vllm",
             "engine_version": "0.11.0", "capture_policy": "first-per-layer-width",
             "layer_name": "model.layers.3.self_attn.indexer"}
     archive = Archive.create(tmp_path / "cap.zarr")

@@ -54,17 +54,17 @@ def size_category(n: int) -> str:
 def card_fields(infos: list[CaseInfo]) -> dict[str, Any]:
     """The `logitreplay` block of the front matter: what a reader needs to trust and reproduce the data."""
     provs = [_provenance(i) for i in infos]
-    models = _distinct([{"id": str(m), "revision": _first(p, "model_revision", "revision")}
-                        for p in provs if (m := _first(p, "model", "model_id")) is not None])
-    engines = _distinct([{"name": str(e), "version": _first(p, "engine_version")}
-                         for p in provs if (e := _first(p, "engine")) is not None])
+    # Provenance keys as capture records them (capture/hf.py, capture/vllm_plugin.py, capture/writer.py).
+    models = _distinct([{"id": str(p["model"]), "revision": p.get("revision")} for p in provs if p.get("model")])
+    engines = _distinct([{"name": str(p["engine"]), "version": p.get("engine_version")}
+                         for p in provs if p.get("engine")])
     return {
         "schema_version": SCHEMA_VERSION,
         "cases": len(infos),
         "sources": _distinct([_first(p, "source", "engine") for p in provs]),
         "models": models,
         "engines": engines,
-        "capture_policy": _distinct([_first(p, "capture_policy", "policy") for p in provs]),
+        "capture_policy": _distinct([p.get("capture_policy") for p in provs]),
         "dtypes": _distinct([i.attrs.get("dtype") for i in infos]),
         "selector_semantics": SELECTOR_SEMANTICS,
     }
@@ -72,7 +72,7 @@ def card_fields(infos: list[CaseInfo]) -> dict[str, Any]:
 
 def case_row(info: CaseInfo) -> dict[str, Any]:
     a, p = info.attrs, _provenance(info)
-    return {"id": info.case_id, "layer": _first(p, "layer_name", "layer", "layer_index"),
+    return {"id": info.case_id, "layer": _first(p, "layer_name", "layer_index"),
             "rows": a.get("rows"), "cols": a.get("cols"), "top_k": a.get("top_k"), "dtype": a.get("dtype"),
             "bytes": int(a.get("valid_elements", 0)) * _ITEMSIZE.get(str(a.get("dtype")), 4),
             "sha256": a.get("sha256")}
