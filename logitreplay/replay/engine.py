@@ -154,7 +154,7 @@ def describe_source(case: Case) -> str:
     """A short source for tables: the synthetic distribution, or model and layer of a capture."""
     a = case.attrs
     if a.get("source") == "synthetic":
-        recipe = a.get("recipe") if isinstance(a.get("recipe"), dict) else {}
+        recipe: dict[str, Any] = a["recipe"] if isinstance(a.get("recipe"), dict) else {}
         tags = [t for t, on in (("edge rows", recipe.get("ends") == "edges"),
                                 ("multi-request", recipe.get("starts") == "requests"),
                                 (f"stride {recipe.get('row_stride')}", recipe.get("row_stride") is not None)) if on]
