@@ -1,10 +1,12 @@
 """The reference selector: masked `torch.topk`, on CPU or CUDA.
 
 It defines the semantics every other selector is verified against (relative indices, -1 tails), so it is
-written for obviousness rather than speed: cells outside `[start, end)` are masked to -inf, `topk` picks
-`top_k` per row, indices are shifted by the row start and the slots past `min(top_k, end - start)` become
--1. All buffers are allocated in `prepare`; the launch only runs in-place and `out=` ops, and reads the
-bounds on the device, so on CUDA it can be captured in a graph and replayed after the bounds change.
+written for obviousness rather than speed: values become order-preserving int64 keys (so a -inf *inside* a
+row still outranks every masked cell: masking to -inf would let topk pick a masked cell over an in-range
+-inf), cells outside `[start, end)` get a key below every float, `topk` picks `top_k` per row, indices are
+shifted by the row start and the slots past `min(top_k, end - start)` become -1. All buffers are
+allocated in `prepare`; the launch only runs in-place and `out=` ops, and reads the bounds on the device,
+so on CUDA it can be captured in a graph and replayed after the bounds change.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from logitreplay.selectors.base import Launch
 # On CPU the masked copy is processed in row chunks of at most this many cells, so a full-scale case
 # (4096 x 102400) does not need several GiB of scratch. On CUDA one chunk: one topk call, as users run it.
 _CPU_CHUNK_CELLS = 1 << 24
+# Below the key of every float32 (keys of floats span the int32 range).
+_MASKED_KEY = -(1 << 40)
 
 
 class ReferenceSelector:
@@ -39,28 +43,35 @@ class ReferenceSelector:
         slot = torch.arange(top_k, device=dev, dtype=torch.int32).unsqueeze(0)
         starts = row_starts.unsqueeze(1)
         ends = row_ends.unsqueeze(1)
-        masked = torch.empty((chunk, width), dtype=logits.dtype, device=dev)
+        as_float = torch.zeros((chunk, width), dtype=torch.float32, device=dev)
+        bits = as_float.view(torch.int32)
+        flip = torch.empty((chunk, width), dtype=torch.int32, device=dev)
+        keys = torch.empty((chunk, width), dtype=torch.int64, device=dev)
         outside = torch.empty((chunk, width), dtype=torch.bool, device=dev)
         scratch = torch.empty((chunk, width), dtype=torch.bool, device=dev)
-        vals = torch.empty((chunk, top_k), dtype=logits.dtype, device=dev)
+        vals = torch.empty((chunk, top_k), dtype=torch.int64, device=dev)
         idx = torch.empty((chunk, top_k), dtype=torch.int64, device=dev)
         rel = torch.empty((chunk, top_k), dtype=torch.int32, device=dev)
         tail = torch.empty((chunk, top_k), dtype=torch.bool, device=dev)
         lengths = torch.empty((chunk, 1), dtype=row_ends.dtype, device=dev)
-        neg_inf = float("-inf")
         spans = [(r0, min(rows, r0 + chunk)) for r0 in range(0, rows, chunk)]
 
         def launch() -> None:
             for r0, r1 in spans:
                 n = r1 - r0
-                m, o, s = masked[:n], outside[:n], scratch[:n]
-                m[:, :cols].copy_(logits[r0:r1])
+                f, b, o, s = as_float[:n], bits[:n], outside[:n], scratch[:n]
+                f[:, :cols].copy_(logits[r0:r1])
+                # Order-preserving key: negative floats have their magnitude bits flipped.
+                torch.lt(b, 0, out=o)
+                torch.mul(o, 0x7FFFFFFF, out=flip[:n])
+                b.bitwise_xor_(flip[:n])
+                keys[:n].copy_(b)
                 torch.lt(col, starts[r0:r1], out=o)
                 torch.ge(col, ends[r0:r1], out=s)
                 o.logical_or_(s)
-                m.masked_fill_(o, neg_inf)
+                keys[:n].masked_fill_(o, _MASKED_KEY)
                 v, i = vals[:n], idx[:n]
-                torch.topk(m, top_k, dim=1, out=(v, i))
+                torch.topk(keys[:n], top_k, dim=1, out=(v, i))
                 rel[:n].copy_(i)
                 rel[:n].sub_(starts[r0:r1])
                 torch.sub(ends[r0:r1], starts[r0:r1], out=lengths[:n])  # bounds are read at launch time
