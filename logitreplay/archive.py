@@ -558,16 +558,4 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:200]
 
 
-def is_finite_rows(case: Case) -> np.ndarray:
-    """Per-row flag: True when no NaN is inside the row's bounds (NaN input is invalid, not timed)."""
-    v = case.torch_values()
-    if v.numel() == 0:
-        return np.ones(case.rows, dtype=bool)
-    nan = torch.isnan(v.float()).to(torch.int64)
-    csum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(nan, 0)])
-    off = torch.from_numpy(case.offsets)
-    return ((csum[off[1:]] - csum[off[:-1]]) == 0).numpy()
-
-
-__all__ = ["SCHEMA_VERSION", "DTYPES", "ArchiveError", "Case", "CaseInfo", "Archive", "gather_rows",
-           "is_finite_rows"]
+__all__ = ["SCHEMA_VERSION", "DTYPES", "ArchiveError", "Case", "CaseInfo", "Archive", "gather_rows"]

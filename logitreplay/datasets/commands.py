@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from logitreplay.archive import Archive, ArchiveError, Case, is_finite_rows
+from logitreplay.archive import Archive, ArchiveError, Case
 from logitreplay.cli import user_errors
 from logitreplay.datasets import synth
 from logitreplay.datasets.summary import summarize
@@ -84,9 +84,10 @@ def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool, work: b
 
 def _work(case: Case | None) -> dict[str, float] | None:
     """The models' work counters; None for incomplete cases and cases with NaN (invalid input)."""
+    from logitreplay.replay.verify import nan_row
     from logitreplay.selectors.models import case_work
 
-    if case is None or not is_finite_rows(case).all():
+    if case is None or nan_row(case) is not None:
         return None
     return case_work(case)
 

@@ -10,18 +10,11 @@ import numpy as np
 import torch
 
 from logitreplay.archive import Case, CaseInfo
+from logitreplay.selectors.models import f16_bin
 
 # Rows sampled for value statistics: enough for stable means, cheap on a 100k-column case.
 SAMPLE_ROWS = 64
 TOP_FOR_BINS = 2048
-
-
-def fp16_bin(values: torch.Tensor) -> torch.Tensor:
-    """The 11-bit bin of native's first pass: the top 11 bits of the order-preserving key of the value
-    converted to fp16 (larger value -> larger bin)."""
-    bits = values.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
-    key = torch.where(bits & 0x8000 != 0, (~bits) & 0xFFFF, bits | 0x8000)
-    return key >> 5
 
 
 def value_stats(case: Case) -> dict[str, Any]:
@@ -41,7 +34,7 @@ def value_stats(case: Case) -> dict[str, Any]:
     for r in np.unique(rows):
         row = case.row(int(r)).float()
         top = torch.topk(row, min(TOP_FOR_BINS, row.numel())).values
-        bins.append(int(torch.unique(fp16_bin(top)).numel()))
+        bins.append(int(torch.unique(f16_bin(top)).numel()))
         if row.numel() >= case.top_k:
             kth = top[case.top_k - 1] if case.top_k <= top.numel() else torch.kthvalue(row, row.numel() - case.top_k + 1).values
             ties.append(int((row == kth).sum()) - 1)
