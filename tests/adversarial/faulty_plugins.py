@@ -72,3 +72,21 @@ def make_wrong_shape() -> _Faulty:
 
 def make_wrong_dtype() -> _Faulty:
     return _WrongDtype("wrong-dtype")
+
+
+class _IllegalAccess(_Faulty):
+    """A kernel storing far outside any allocation: the CUDA context of its process is lost for good."""
+
+    def _launch(self, out: torch.Tensor) -> object:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def wild_store(ptr):  # type: ignore[no-untyped-def]
+            tl.store(ptr + (1 << 40), 1)
+
+        return lambda: wild_store[(1,)](out)
+
+
+def make_illegal_access() -> _Faulty:
+    return _IllegalAccess("illegal-access")
