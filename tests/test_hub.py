@@ -20,6 +20,7 @@ from logitreplay.archive import Archive, Case
 from logitreplay.cli import main
 from logitreplay.datasets import hub, synth
 from logitreplay.datasets.card import build_card
+from logitreplay.datasets.export import read_file
 
 GOOD, BAD = "hf_loopback_good_token", "hf_loopback_bad_token_0123456789"
 REPO = "org/stress"
@@ -212,6 +213,8 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     r = runner.invoke(main, ["inspect", f"hf://datasets/{REPO}", "--case", target, "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["cases"][0]["rows"] == 64
     assert json.loads(r.output)["archive"] == first["url"]  # the record names the commit, not the branch
+    r = runner.invoke(main, ["export", f"hf://datasets/{REPO}", "--case", target, "--out", str(tmp_path / "st")])
+    assert r.exit_code == 0 and _same(read_file(tmp_path / "st" / f"{target}.safetensors"), src.read(target))
 
     # A second push mirrors the new archive (a deleted case disappears from main), old commits stay readable.
     smaller = tmp_path / "smaller.zarr"
