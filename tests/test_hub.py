@@ -237,6 +237,19 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     assert Archive.open(out).case_ids() == ["bigk-normal-c8192-r64-k4096", "dist-ties-c2048-r128-k512"]
 
 
+def test_private_push_is_visible_only_with_a_token(loopback: LoopbackHub, suite_archive: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    one = Archive.create(tmp_path / "one.zarr")
+    one.write(Archive.open(suite_archive).read("edges-normal-c2048-r128-k512-edges"))
+    monkeypatch.setenv("HF_TOKEN", GOOD)
+    r = CliRunner().invoke(main, ["push", str(tmp_path / "one.zarr"), "org/secret", "--private"])
+    assert r.exit_code == 0, r.output
+    assert loopback.repos["org/secret"].private and Archive.open("hf://datasets/org/secret").case_ids()
+    monkeypatch.delenv("HF_TOKEN")
+    r = CliRunner().invoke(main, ["inspect", "hf://datasets/org/secret"])
+    assert r.exit_code == 1 and "repository not found" in r.output
+
+
 def test_replay_reads_a_dataset_straight_from_the_hub(loopback: LoopbackHub, suite_archive: Path,
                                                       tmp_path: Path) -> None:
     one = Archive.create(tmp_path / "one.zarr")
