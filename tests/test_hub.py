@@ -51,6 +51,7 @@ def loopback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Loopba
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "client-cache"))
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+        monkeypatch.delenv("HF_XET_CACHE", raising=False)  # `pull` points it into its target
         yield h
 
 
@@ -232,6 +233,7 @@ def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite
     pulled = Archive.open(out)
     assert pulled.case_ids() == [target] and _same(pulled.read(target), src.read(target))
     assert json.loads((out / hub.SOURCE_FILE).read_text())["commit"] == first["commit"]
+    assert Path(os.environ["HF_XET_CACHE"]).is_relative_to(out)  # xet's chunk cache stays inside the target
     # A pulled copy is an ordinary archive: a case appended to it is listed and read back.
     Archive.create(out).write(src.read("dist-ties-c2048-r128-k512"))
     assert Archive.open(out).case_ids() == ["bigk-normal-c8192-r64-k4096", "dist-ties-c2048-r128-k512"]

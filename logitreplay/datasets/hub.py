@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -309,7 +310,7 @@ SOURCE_FILE = ".logitreplay-source.json"
 def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token: str | None = None) -> Pulled:
     """Download a dataset repo (or the cases matching `include`) at a pinned commit into `out`.
 
-    Everything, the client's bookkeeping included, is written under `out`: the download cache is pointed
+    Everything, the client's bookkeeping included, is written under `out`: the download caches are pointed
     inside it, and file names that would escape it are refused by the client. `include` patterns always
     keep the archive's root metadata, so a partial pull still opens as an archive.
     """
@@ -321,6 +322,9 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
     patterns = None
     if include:
         patterns = [*include, "README.md", "zarr.json", "cases/zarr.json"]
+    # Xet-backed files go through hf_xet, which keeps its own cache (by default under HF_HOME); a process
+    # that has not started its xet session yet takes this location, unless the user chose one.
+    os.environ.setdefault("HF_XET_CACHE", str(target / ".cache" / "huggingface" / "xet"))
     what = f"dataset {repo_id}@{revision or 'main'}"
     with hub_errors(what):
         try:
