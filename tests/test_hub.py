@@ -294,6 +294,23 @@ def test_hub_failures_are_one_line_errors_without_the_token(
     assert {k: dict(v.commits) for k, v in loopback.repos.items()} == commits  # nothing was written remotely
 
 
+def test_pull_never_overwrites_unrelated_files_and_reruns_into_its_own_folder(
+        loopback: LoopbackHub, staged: hub.Staged, tmp_path: Path) -> None:
+    loopback.publish_folder(REPO, staged.path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    runner = CliRunner()
+    r = runner.invoke(main, ["pull", REPO, "--out", str(mine)])
+    assert r.exit_code == 1 and _one_line_error(r.output) and (mine / "README.md").read_text() == "my notes"
+    out = tmp_path / "out"
+    for _ in range(2):  # a second pull (an update, or the rerun of an interrupted one) uses the same folder
+        r = runner.invoke(main, ["pull", REPO, "--out", str(out), "--json"])
+        assert r.exit_code == 0, r.output
+    assert json.loads((out / hub.SOURCE_FILE).read_text())["complete"] is True
+    assert Archive.open(out).case_ids() == Archive.open(staged.path).case_ids()
+
+
 def test_pull_refuses_names_that_escape_the_target(loopback: LoopbackHub, tmp_path: Path) -> None:
     loopback.commit("org/evil", {"README.md": b"---\n{}\n---\n", "../escape.txt": b"x"})
     r = CliRunner().invoke(main, ["pull", "org/evil", "--out", str(tmp_path / "t" / "out")])

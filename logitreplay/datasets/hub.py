@@ -311,20 +311,33 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
     """Download a dataset repo (or the cases matching `include`) at a pinned commit into `out`.
 
     Everything, the client's bookkeeping included, is written under `out`: the download caches are pointed
-    inside it, and file names that would escape it are refused by the client. `include` patterns always
-    keep the archive's root metadata, so a partial pull still opens as an archive.
+    inside it, and file names that would escape it are refused by the client. `out` must be empty, absent,
+    or an earlier (maybe interrupted) pull of the same repo, so a pull never overwrites unrelated files.
+    `include` patterns always keep the archive's root metadata, so a partial pull still opens as an archive.
     """
     from huggingface_hub import snapshot_download
 
     repo_id, revision = parse_ref(ref)
-    sha = resolve_revision(repo_id, revision, token=token)
     target = (out if out is not None else Path("datasets") / "downloads" / repo_id).resolve()
+    source = target / SOURCE_FILE
+    if target.exists() and any(target.iterdir()):
+        try:
+            prior = json.loads(source.read_text()).get("repo_id")
+        except (OSError, ValueError, AttributeError):
+            prior = None
+        if prior != repo_id:
+            raise ArchiveError(f"{target}: not empty and not a pull of {repo_id}; choose another --out")
+    sha = resolve_revision(repo_id, revision, token=token)
     patterns = None
     if include:
         patterns = [*include, "README.md", "zarr.json", "cases/zarr.json"]
     # Xet-backed files go through hf_xet, which keeps its own cache (by default under HF_HOME); a process
     # that has not started its xet session yet takes this location, unless the user chose one.
     os.environ.setdefault("HF_XET_CACHE", str(target / ".cache" / "huggingface" / "xet"))
+    pulled = Pulled(repo_id, revision or "main", sha, target)
+    record = {**pulled.to_json(), "url": hf_url(repo_id, sha)}
+    target.mkdir(parents=True, exist_ok=True)
+    source.write_text(json.dumps({**record, "complete": False}, indent=1) + "\n")  # lets a rerun resume
     what = f"dataset {repo_id}@{revision or 'main'}"
     with hub_errors(what):
         try:
@@ -333,8 +346,7 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
                               token=token)
         except ValueError as e:  # the client refuses file names that would land outside `target`
             raise ArchiveError(f"{what}: refused: {_one_line(e)}") from None
-    pulled = Pulled(repo_id, revision or "main", sha, target)
-    (target / SOURCE_FILE).write_text(json.dumps({**pulled.to_json(), "url": hf_url(repo_id, sha)}, indent=1) + "\n")
+    source.write_text(json.dumps({**record, "complete": True}, indent=1) + "\n")
     return pulled
 
 
