@@ -39,7 +39,7 @@ class Repo:
 class LoopbackHub:
     """`with LoopbackHub(tokens={"hf_good"}) as hub:` then point `HF_ENDPOINT` at `hub.endpoint`."""
 
-    def __init__(self, tokens: set[str] | None = None, lifetime_s: float = 120.0) -> None:
+    def __init__(self, tokens: set[str] | None = None, lifetime_s: float = 300.0) -> None:
         self.tokens = set(tokens or ())
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
