@@ -23,6 +23,7 @@ behave like the kernels' bit patterns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,19 +97,28 @@ def _with_tails(rel: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
     return torch.where(slot < need.unsqueeze(1), rel, -1).to(torch.int32)
 
 
+def _chunked(chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]], logits: torch.Tensor,
+             row_starts: torch.Tensor, row_ends: torch.Tensor, top_k: int
+             ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """Run a model chunk function over row chunks of a (rows, cols) CPU matrix (bounded scratch memory);
+    returns the int32 (rows, top_k) indices and the two per-row work counters it reports."""
+    rows, cols = logits.shape
+    out = torch.empty((rows, top_k), dtype=torch.int32)
+    first = np.zeros(rows, dtype=np.int64)
+    second = np.zeros(rows, dtype=np.int64)
+    for r0, r1 in _chunks(rows, cols):
+        idx, a, b = chunk(logits[r0:r1].float(), row_starts[r0:r1].to(torch.int64),
+                          row_ends[r0:r1].to(torch.int64), top_k)
+        out[r0:r1] = idx
+        first[r0:r1] = a.numpy()
+        second[r0:r1] = b.numpy()
+    return out, first, second
+
+
 def native_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                 top_k: int) -> tuple[torch.Tensor, NativeWork]:
     """Run the native model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
-    rows, cols = logits.shape
-    out = torch.empty((rows, top_k), dtype=torch.int32)
-    passes = np.zeros(rows, dtype=np.int64)
-    final = np.zeros(rows, dtype=np.int64)
-    for r0, r1 in _chunks(rows, cols):
-        idx, p, f = _native_chunk(logits[r0:r1].float(), row_starts[r0:r1].to(torch.int64),
-                                  row_ends[r0:r1].to(torch.int64), top_k)
-        out[r0:r1] = idx
-        passes[r0:r1] = p.numpy()
-        final[r0:r1] = f.numpy()
+    out, passes, final = _chunked(_native_chunk, logits, row_starts, row_ends, top_k)
     return out, NativeWork(passes, final)
 
 
@@ -170,16 +180,7 @@ def block_order(blocks: int) -> torch.Tensor:
 def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                     top_k: int) -> tuple[torch.Tensor, DeepSelectWork]:
     """Run the DeepSelect model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
-    rows, cols = logits.shape
-    out = torch.empty((rows, top_k), dtype=torch.int32)
-    compactions = np.zeros(rows, dtype=np.int64)
-    appended = np.zeros(rows, dtype=np.int64)
-    for r0, r1 in _chunks(rows, cols):
-        idx, c, a = _deepselect_chunk(logits[r0:r1].float(), row_starts[r0:r1].to(torch.int64),
-                                      row_ends[r0:r1].to(torch.int64), top_k)
-        out[r0:r1] = idx
-        compactions[r0:r1] = c.numpy()
-        appended[r0:r1] = a.numpy()
+    out, compactions, appended = _chunked(_deepselect_chunk, logits, row_starts, row_ends, top_k)
     return out, DeepSelectWork(compactions, appended)
 
 

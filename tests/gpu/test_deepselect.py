@@ -12,10 +12,9 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.datasets import synth
-from logitreplay.replay.engine import Prepared
-from logitreplay.replay.graph_check import graph_replay_check
-from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values
+from logitreplay.replay.verify import Failure
 from logitreplay.selectors.cuda.kernels import DeepSelectCuda
+from tests.gpu.kernel_checks import verify_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -23,18 +22,7 @@ DEVICE = torch.device("cuda")
 
 
 def _verify(case: Case) -> list[Failure]:
-    """Checks 1-4 on one launch into a strided, sentinel-padded output, then check 5."""
-    sel = DeepSelectCuda()
-    assert sel.supports(case, DEVICE) is None
-    logits = case.padded(device=DEVICE)
-    starts = torch.from_numpy(case.row_starts).to(DEVICE)
-    ends = torch.from_numpy(case.row_ends).to(DEVICE)
-    out = OutputBuffer(case.rows, case.top_k, DEVICE)
-    launch = sel.prepare(logits, starts, ends, case.top_k, out.view)
-    launch()
-    torch.cuda.synchronize()
-    failures = check_output(case, logits, starts, ends, out, expected_values(logits, starts, ends, case.top_k))
-    return failures or graph_replay_check(Prepared(case, sel, launch, out, logits, starts, ends))
+    return verify_kernel(DeepSelectCuda(), case)
 
 
 def _as_bf16(case: Case) -> Case:

@@ -12,11 +12,10 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.datasets import synth
-from logitreplay.replay.engine import Prepared
-from logitreplay.replay.graph_check import graph_replay_check
-from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values
+from logitreplay.replay.verify import Failure
 from logitreplay.selectors.cuda import build
 from logitreplay.selectors.cuda.kernels import DeepSelectCuda, KernelError, NativeCuda
+from tests.gpu.kernel_checks import verify_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -32,18 +31,7 @@ def _case(recipe: synth.Recipe) -> Case:
 
 
 def _verify(kernel: str, case: Case, poison: float = 1e30) -> list[Failure]:
-    """Checks 1-4 on one launch, then check 5 (graph replay after the ends change in place)."""
-    sel = SELECTORS[kernel]()
-    assert sel.supports(case, DEVICE) is None
-    logits = case.padded(poison=poison, device=DEVICE)
-    starts = torch.from_numpy(case.row_starts).to(DEVICE)
-    ends = torch.from_numpy(case.row_ends).to(DEVICE)
-    out = OutputBuffer(case.rows, case.top_k, DEVICE)
-    launch = sel.prepare(logits, starts, ends, case.top_k, out.view)
-    launch()
-    torch.cuda.synchronize()
-    failures = check_output(case, logits, starts, ends, out, expected_values(logits, starts, ends, case.top_k))
-    return failures or graph_replay_check(Prepared(case, sel, launch, out, logits, starts, ends))
+    return verify_kernel(SELECTORS[kernel](), case, poison)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

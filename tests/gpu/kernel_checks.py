@@ -1,0 +1,26 @@
+"""The check every GPU kernel test runs: DESIGN checks 1-4 on one launch into a strided, sentinel-padded
+output view, then check 5 (a CUDA graph replayed after the row ends changed in place)."""
+
+from __future__ import annotations
+
+import torch
+
+from logitreplay.archive import Case
+from logitreplay.replay.engine import Prepared
+from logitreplay.replay.graph_check import graph_replay_check
+from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values
+from logitreplay.selectors.base import Selector
+
+
+def verify_kernel(sel: Selector, case: Case, poison: float = 1e30) -> list[Failure]:
+    device = torch.device("cuda")
+    assert sel.supports(case, device) is None
+    logits = case.padded(poison=poison, device=device)
+    starts = torch.from_numpy(case.row_starts).to(device)
+    ends = torch.from_numpy(case.row_ends).to(device)
+    out = OutputBuffer(case.rows, case.top_k, device)
+    launch = sel.prepare(logits, starts, ends, case.top_k, out.view)
+    launch()
+    torch.cuda.synchronize()
+    failures = check_output(case, logits, starts, ends, out, expected_values(logits, starts, ends, case.top_k))
+    return failures or graph_replay_check(Prepared(case, sel, launch, out, logits, starts, ends))
