@@ -154,10 +154,11 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     # Device-specific checks beyond DESIGN's 1-4 and the measured read bandwidth (bytes/s) for the floor.
     extra_checks: list[ExtraCheck] = []
     read_bandwidth: float | None = None
-    cases, total = open_cases(list(locations), suite, scale)
+    cases, total, pinned = open_cases(list(locations), suite, scale)
     if total == 0:
         raise ArchiveError("nothing to replay: the archives hold no complete case")
     env = environment(dev)
+    env["inputs"] = pinned + ([f"suite {suite} ({scale})"] if suite else [])
     if dev.type == "cuda":
         from logitreplay.replay.graph_check import graph_replay_check
         from logitreplay.replay.timing_cuda import gpu_environment, measure_read_bandwidth
@@ -170,7 +171,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
         from logitreplay.replay.isolate import Job, merge, replay_isolated
 
         del cases  # each child opens the cases itself
-        jobs = [Job(spec, sel.name, list(locations), suite, scale, device, protocol.to_json(), poison,
+        jobs = [Job(spec, sel.name, pinned, suite, scale, device, protocol.to_json(), poison,
                     read_bandwidth) for spec, sel in zip(_wanted(names, specs), selectors, strict=True)]
         per_selector: dict[str, dict[int, CaseResult]] = {}
         isolated = replay_isolated(jobs, total, 600.0 if timeout_s is None else timeout_s)

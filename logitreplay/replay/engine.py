@@ -284,10 +284,12 @@ def replay(cases: Iterable[Case | Unreadable], selectors: Sequence[Selector], de
 
 
 def open_cases(locations: Sequence[str], suite: str | None, scale: str,
-               start: int = 0) -> tuple[Iterator[Case | Unreadable], int]:
-    """Cases to replay and how many: every complete case of each archive (path or URL), then the
-    built-in suite if one is named, skipping the first `start` without reading them (an isolated child
-    resumes after a crash this way). Archives are opened (and so checked) before anything runs.
+               start: int = 0) -> tuple[Iterator[Case | Unreadable], int, list[str]]:
+    """Cases to replay, how many, and the archives' pinned locations (a Hub URL resolved to its commit,
+    for the record and for isolated children, which must read the very same data): every complete case
+    of each archive (path or URL), then the built-in suite if one is named, skipping the first `start`
+    without reading them (an isolated child resumes after a crash this way). Archives are opened (and
+    so checked) before anything runs.
 
     A suite is regenerated case by case from its recipes rather than cached on disk: generation is
     bit-identical everywhere and costs less than writing and re-reading the ~3.5 GB full-scale suite
@@ -310,7 +312,7 @@ def open_cases(locations: Sequence[str], suite: str | None, scale: str,
             except ArchiveError as e:
                 yield Unreadable(case_id, f"unreadable: {e}")
 
-    return stream(), len(entries)
+    return stream(), len(entries), [a.location for a in archives]
 
 
 def environment(device: torch.device) -> dict[str, Any]:

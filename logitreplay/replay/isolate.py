@@ -159,7 +159,7 @@ def _child() -> None:
 
         extra.append(graph_replay_check)
     selector = build(job.selector)
-    cases, _ = open_cases(job.locations, job.suite, job.scale, start=job.start)
+    cases, _, _ = open_cases(job.locations, job.suite, job.scale, start=job.start)
     protocol = TimingProtocol(**job.protocol)
     for index, case in enumerate(cases, start=job.start):
         if isinstance(case, Case):
