@@ -10,9 +10,10 @@ saved with `save_pretrained` and then:
    - armed-idle: hooks attached, but the default policy already holds every (layer, width), so each
      indexer call is refused by the pre-hook from its shapes (the steady state of a long capture run);
    - capturing: policy `every`: every indexer call staged and written (a fresh archive per round).
-   "extra on stream" = capturing - plain: the time the capture adds to the model's own forward (bounds,
-   one small device-to-host copy, the device-to-device gather; the host copy and the disk write run on a
-   side stream and a background thread). The writer's flush after the forward is reported separately.
+   "extra on stream" = capturing - plain: the time the capture adds to the model's own forward (the
+   function mode, bounds and reference indices computed on the device, a device-to-device copy of the
+   score matrix; no host sync: the copy to the host, the cut to each row's bounds and the disk write run
+   on a side stream and a background thread). The writer's flush after the forward is reported separately.
 
 Run (GPU):  python bench/capture_overhead.py            [--tokens 16384 --chunk-size 4096 --rounds 5]
 Smoke (CPU): python bench/capture_overhead.py --device cpu --tokens 256 --chunk-size 64 --index-heads 4 \

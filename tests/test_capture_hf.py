@@ -22,6 +22,7 @@ from logitreplay.capture.hooks import IndexerCapture
 from logitreplay.capture.policy import Policy, Selection
 from logitreplay.capture.writer import CaptureWriter
 from logitreplay.cli import main
+from tests.test_capture_sync import DEVICES, held, no_host_sync
 
 transformers = pytest.importorskip("transformers", minversion="5.11")
 
@@ -272,18 +273,21 @@ def test_hub_model_records_the_cached_snapshot_sha_offline(tmp_path: Path, deeps
 
 
 class ScoreTopk(torch.nn.Module):
-    """A user's own indexer: scores the keys it is given; when no mask is passed it masks the keys after each
-    query's position itself (as transformers 5.11 indexers do when attention is plainly causal)."""
+    """A user's own indexer: scores the keys it is given under a boolean or additive mask; when no mask is
+    passed it masks the keys after each query's position itself (as transformers 5.11 indexers do when
+    attention is plainly causal)."""
 
     def forward(self, hidden_states: torch.Tensor, keys: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         scores = hidden_states @ keys.transpose(1, 2)
         if attention_mask is None:
             assert position_ids is not None
-            after = torch.arange(keys.shape[1]) > position_ids[..., None]
+            after = torch.arange(keys.shape[1], device=keys.device) > position_ids[..., None]
             scores = scores.masked_fill(after, float("-inf"))
-        else:
+        elif attention_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attention_mask, float("-inf"))
+        else:
+            scores = scores + attention_mask
         return scores.topk(min(4, keys.shape[1]), dim=-1).indices
 
 
@@ -306,6 +310,59 @@ def test_modules_named_by_pattern_with_or_without_a_mask(tmp_path: Path) -> None
     for case in (causal, windowed):
         assert case.top_k == 4 and case.attrs["layer_name"] == "blocks.0.scorer" and case.attrs["layer_index"] == 0
         _assert_reference_is_topk(case)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("policy", ["", "every"])
+def test_capture_never_syncs_the_model_thread(device: str, policy: str, tmp_path: Path) -> None:
+    """Boolean, additive and absent masks, wanted and refused calls: bounds, reference indices and staging
+    all stay on the device; the writer reads them later, on its own thread."""
+    model = torch.nn.ModuleDict({"scorer": ScoreTopk()})
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse(policy))))
+    capture.attach(model, pattern="scorer", classes=())
+    g = torch.Generator().manual_seed(4)
+    hidden, keys = torch.randn(2, 6, 8, generator=g).to(device), torch.randn(2, 10, 8, generator=g).to(device)
+    window = torch.zeros(2, 6, 10, dtype=torch.bool)
+    window[0, :, 2:7] = True  # request 0 attends to keys [2, 7)
+    window[1, 1:, 3:] = True  # request 1 is left-padded by 3 keys, and its first query is padding
+    masks = (window.to(device), torch.zeros(window.shape).masked_fill(~window, float("-inf")).to(device), None)
+    positions = torch.arange(4, 10, device=device).expand(2, 6)
+    with held(capture.writer), no_host_sync(device):
+        for _ in range(2):
+            for mask in masks:
+                model["scorer"](hidden, keys, mask, positions)
+    summary = capture.close()
+    assert summary["error"] is None and summary["dropped"] == {}
+    cases = sorted(Archive.open(tmp_path / "cap.zarr"), key=lambda c: c.case_id)
+    assert len(cases) == (6 if policy else 1)  # default: the first call of width 10, decided from shapes
+    for case in cases[:2 if policy else 1]:
+        assert case.row_starts.tolist() == [2] * 6 + [0, 3, 3, 3, 3, 3]
+        assert case.row_ends.tolist() == [7] * 6 + [0, 10, 10, 10, 10, 10]
+    for case in cases:
+        assert case.attrs["chunk"] == {"requests": 2}
+        _assert_reference_is_topk(case)
+
+
+def test_a_mask_with_holes_stops_capture_with_one_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The bounds are checked on the writer thread (reading them on the model's thread would be a sync):
+    a row attending to a non-contiguous set of columns turns capture off there, never in the forward."""
+    model = torch.nn.ModuleDict({"scorer": ScoreTopk()})
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every"))))
+    capture.attach(model, pattern="scorer", classes=())
+    hidden, keys = torch.randn(1, 3, 8), torch.randn(1, 10, 8)
+    holes = torch.ones(1, 3, 10, dtype=torch.bool)
+    holes[0, 1, 4] = False  # row 1 attends to [0, 4) and [5, 10)
+    expected = ScoreTopk()(hidden, keys, holes)
+    with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
+        assert torch.equal(model["scorer"](hidden, keys, holes), expected)
+        deadline = time.monotonic() + 30
+        while not capture.writer.failed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert torch.equal(model["scorer"](hidden, keys, holes), expected)
+        summary = capture.close()
+    assert not capture.enabled and summary["captured"] == 0
+    assert "scorer (width 10)" in summary["error"] and "row 1 attends to a non-contiguous set" in summary["error"]
+    assert len([r for r in caplog.records if "capture disabled" in r.getMessage()]) == 1
 
 
 def test_a_failing_disk_stops_capture_with_one_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

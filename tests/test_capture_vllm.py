@@ -22,6 +22,7 @@ from logitreplay.archive import Archive, Case
 from logitreplay.capture import vllm_plugin
 from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
+from tests.test_capture_sync import DEVICES, held, no_host_sync
 
 NAMESPACE = "logitreplay_vllm_test"
 SCHEMA = ("top_k_per_row_prefill(Tensor logits, Tensor rowStarts, Tensor rowEnds, Tensor! indices, "
@@ -203,15 +204,46 @@ def test_nothing_is_captured_while_a_graph_is_captured(installed: VllmCapture, o
 def test_bad_bounds_disable_capture_but_not_the_kernel(installed: VllmCapture, ops: types.ModuleType,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     logits, chunk = two_request_chunk()
-    chunk.cu_seqlen_ke[3] = 500  # beyond the matrix: refuse before touching device memory
+    chunk.cu_seqlen_ke[3] = 500  # beyond the matrix: refused on the host, never read past the row
     with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
         written = indexer_prefill(ops, logits, chunk, LAYER)
+        assert installed.writer is not None
+        deadline = time.monotonic() + 30
+        while not installed.writer.failed and time.monotonic() < deadline:  # the writer sees the bounds
+            time.sleep(0.01)
         indexer_prefill(ops, logits, chunk, LAYER)
+        summary = installed.close()
     expected = torch.empty_like(written)
     _kernel(logits, chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, expected, 22, STRIDE, 1, TOP_K)
     assert torch.equal(written, expected)  # the production result is untouched
-    assert not installed.enabled and "outside 42 columns" in (installed.error or "")
+    assert not installed.enabled and summary is not None and summary["captured"] == 0
+    assert "row 3 violates 0 <= start <= end <= cols (start=0, end=500, cols=42)" in summary["error"]
     assert len([r for r in caplog.records if "capture disabled" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_plugin_never_syncs_the_model_thread(device: str, ops: types.ModuleType, tmp_path: Path) -> None:
+    capture = VllmCapture(tmp_path / "cap.zarr", Policy())
+    capture.install(ops)
+    try:
+        logits, chunk = two_request_chunk(device)
+        indexer_prefill(ops, logits, chunk, LAYER)  # the first call opens the writer
+        deadline = time.monotonic() + 60
+        while capture.writer is not None and capture.writer.captured < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # and is written before the sync check, which is process-wide on CUDA
+        assert capture.writer is not None and capture.writer.captured == 1
+        other = "model.layers.6.self_attn.indexer.k_cache"
+        with held(capture.writer), no_host_sync(device):
+            written = indexer_prefill(ops, logits, chunk, other)  # the first of its (layer, width): kept
+            indexer_prefill(ops, logits, chunk, LAYER)  # refused from its shape
+        summary = capture.close()
+    finally:
+        capture.uninstall()
+    assert capture.error is None and summary is not None and summary["error"] is None
+    assert summary["captured"] == 2 and summary["widths"] == {LAYER: [42], other: [42]}
+    case = next(c for c in Archive.open(tmp_path / "cap.zarr") if c.attrs["layer_name"] == other)
+    _assert_matches(case, logits, chunk, written)
+    assert case.attrs["chunk"] == {"requests": 2, "token_start": 100, "token_end": 122}
 
 
 def test_uninstall_restores_the_originals(tmp_path: Path, ops: types.ModuleType, op_namespace: object) -> None:

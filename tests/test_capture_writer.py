@@ -32,11 +32,23 @@ def _matrix(rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Te
 
 
 def _submit(writer: CaptureWriter, logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-            layer: int = 0) -> bool:
+            layer: int = 0, requests: int | None = 2) -> bool:
     ref = torch.full((logits.shape[0], 4), -1, dtype=torch.int32)
-    return writer.submit(logits, starts, ends, starts.numpy(), ends.numpy(), ref, top_k=4,
-                         row_stride=logits.shape[1], layer_index=layer, layer_name=f"layers.{layer}.indexer",
-                         single_request=False, attrs={"model": "unit"})
+    return writer.submit(logits, starts, ends, ref, top_k=4, row_stride=logits.shape[1], layer_index=layer,
+                         layer_name=f"layers.{layer}.indexer", requests=requests, attrs={"model": "unit"})
+
+
+def _hold(writer: CaptureWriter) -> threading.Event:
+    """Keep the writer thread off the staged matrices until the returned event is set."""
+    release = threading.Event()
+    to_host = writer._to_host
+
+    def held(item):  # type: ignore[no-untyped-def]
+        release.wait(30)
+        return to_host(item)
+
+    writer._to_host = held  # type: ignore[method-assign]
+    return release
 
 
 def test_cases_are_written_exactly_with_provenance_and_summary(tmp_path: Path) -> None:
@@ -65,6 +77,69 @@ def test_cases_are_written_exactly_with_provenance_and_summary(tmp_path: Path) -
     assert on_disk["bytes"] == 4 * int((ends - starts).sum() + (second[2] - second[1]).sum())
     assert on_disk["widths"] == {"layers.0.indexer": [64], "layers.1.indexer": [32]}
     assert on_disk["dropped"] == {} and on_disk["error"] is None
+    assert writer.selection.nbytes == on_disk["bytes"]  # charged the whole matrix, settled to the exact size
+    assert case.attrs["chunk"] == {"requests": 2}
+
+
+def test_the_model_may_overwrite_its_buffer_right_after_submit(tmp_path: Path) -> None:
+    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")))
+    logits, starts, ends = _matrix(16, 64)
+    kept = logits.clone()
+    assert _submit(writer, logits, starts, ends)
+    logits.fill_(float("nan"))  # the next layer reuses the buffer before the writer has run
+    writer.close()
+    case = next(iter(Archive.open(tmp_path / "cap.zarr")))
+    for r in range(16):
+        assert torch.equal(case.row(r), kept[r, int(starts[r]):int(ends[r])])
+
+
+def test_byte_budget_is_charged_by_the_whole_matrix_until_the_writer_knows(tmp_path: Path) -> None:
+    """Admission sees only shapes: a matrix whose in-range cells would fit, but whose (rows, cols) does
+    not, is dropped; what is kept is charged its exact in-range size once written."""
+    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every,max-bytes=1024")))
+    release = _hold(writer)
+    narrow = (torch.zeros(4, dtype=torch.int64), torch.full((4,), 8))
+    assert not _submit(writer, torch.randn(4, 128), *narrow)  # 128 in-range bytes, 2048 charged
+    assert _submit(writer, torch.randn(4, 64), *narrow)  # 1024 charged
+    assert not _submit(writer, torch.randn(4, 8), *narrow)  # the budget is spent until settled
+    release.set()
+    summary = writer.close()
+    assert summary["bytes"] == writer.selection.nbytes == 128
+    assert summary["dropped"] == {"over_byte_budget": 2}
+
+
+def test_single_request_is_decided_on_the_host_and_frees_the_shape(tmp_path: Path) -> None:
+    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("single-request")))
+    logits = torch.randn(4, 16)
+    assert not _submit(writer, logits, torch.zeros(4, dtype=torch.int64), torch.full((4,), 16), requests=2)
+    assert writer.selection.skipped == {"multi_request": 1}  # the batch shape says so: refused at once
+    padded = (torch.tensor([0, 0, 3, 3]), torch.full((4,), 16))  # one request, but a row starts past 0
+    assert _submit(writer, logits, *padded, requests=1)  # only the writer can tell
+    deadline = time.monotonic() + 10
+    while writer.selection.skipped.get("multi_request", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.selection.cases == 0 and writer.selection.nbytes == 0  # released
+    assert _submit(writer, logits, torch.zeros(4, dtype=torch.int64), torch.full((4,), 16), requests=None)
+    summary = writer.close()
+    assert summary["captured"] == 1 and summary["skipped"] == {"multi_request": 2} and summary["dropped"] == {}
+    assert next(iter(Archive.open(tmp_path / "cap.zarr"))).attrs["chunk"] == {"requests": 1}
+
+
+def test_bounds_that_do_not_describe_a_row_fail_the_writer_once(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")))
+    logits, starts, ends = torch.randn(3, 8), torch.tensor([0, 2, 0]), torch.tensor([4, 6, 8])
+    attended = torch.tensor([4, 3, 8])  # row 1 attended 3 columns spread over [2, 6): not one range
+    with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
+        assert writer.submit(logits, starts, ends, None, top_k=2, row_stride=8, layer_index=0, layer_name="x",
+                             requests=1, attrs={}, attended=attended)
+        summary = writer.close()
+    assert "row 1 attends to a non-contiguous set of columns" in summary["error"]
+    assert summary["captured"] == 0 and summary["dropped"] == {"writer_error": 1}
+    assert len([r for r in caplog.records if "capture disabled" in r.getMessage()]) == 1
+    with pytest.raises(ValueError, match="ends of shape"):
+        writer.submit(logits, starts, ends[:2], None, top_k=2, row_stride=8, layer_index=0, layer_name="x",
+                      requests=1, attrs={})
 
 
 def test_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
@@ -134,8 +209,8 @@ _CHILD = textwrap.dedent("""
     ref = torch.zeros(512, 8, dtype=torch.int32)
     i = 0
     while True:
-        writer.submit(logits + i, starts, ends, starts.numpy(), ends.numpy(), ref, top_k=8, row_stride=2048,
-                      layer_index=i % 3, layer_name="x", single_request=True, attrs={})
+        writer.submit(logits + i, starts, ends, ref, top_k=8, row_stride=2048, layer_index=i % 3,
+                      layer_name="x", requests=1, attrs={})
         i += 1
         print(writer.captured, flush=True)
         time.sleep(0.002)
@@ -178,8 +253,8 @@ _RANK = textwrap.dedent("""
     from logitreplay.capture.writer import CaptureWriter
     writer = CaptureWriter(sys.argv[1], Selection(Policy.parse("every")), rank=int(sys.argv[2]))
     logits, starts, ends = torch.randn(4, 16), torch.zeros(4, dtype=torch.int64), torch.full((4,), 16)
-    writer.submit(logits, starts, ends, starts.numpy(), ends.numpy(), None, top_k=4, row_stride=16,
-                  layer_index=0, layer_name="x", single_request=True, attrs={})
+    writer.submit(logits, starts, ends, None, top_k=4, row_stride=16, layer_index=0, layer_name="x",
+                  requests=1, attrs={})
     assert writer.close()["error"] is None
 """)
 

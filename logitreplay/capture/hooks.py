@@ -14,10 +14,12 @@ capture costs nothing.
 Row bounds come from the mask argument: boolean (sdpa: True = attend) or additive float (eager: 0 = attend,
 a large negative or -inf = masked). Each row's attended columns must be one contiguous range [start, end)
 (causal, with left padding giving non-zero starts); fully masked rows (padding queries) become empty
-rows [0, 0). Some transformers versions pass no mask when attention is plainly causal and mask keys after
-each query's `position_ids` instead; then the bounds are [0, position + 1), and since the width is not
-visible before the forward, such calls enter the mode when the policy wants their layer and are checked
-against the width afterwards. The indices the module's top-k returned are kept as `reference_indices` in our semantics:
+rows [0, 0). The bounds are computed on the device and never read here: the writer checks them on the
+host, off the model's thread (a row with a non-contiguous range fails it there). Some transformers
+versions pass no mask when attention is plainly causal and mask keys after each query's `position_ids`
+instead; then the bounds are [0, position + 1), and since the width is not visible before the forward,
+such calls enter the mode when the policy wants their layer and are checked against the width
+afterwards. The indices the module's top-k returned are kept as `reference_indices` in our semantics:
 relative to start, int32. When a row is shorter than top_k the module's own top-k still returns k indices,
 the surplus pointing at masked cells; those are mapped faithfully to -1 and moved to the tail.
 
@@ -33,7 +35,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -196,13 +197,14 @@ class IndexerCapture:
         if scores.dtype not in (torch.float32, torch.bfloat16):
             raise _LayoutError(f"{site.name}: score matrix is {scores.dtype}, expected float32 or bfloat16")
         b, s, t = scores.shape
+        attended = None
         if mask is not None:
-            starts, ends, starts_h, ends_h = row_bounds(mask, (b, s, t), site.name)
+            starts, ends, attended = row_bounds(mask, (b, s, t), site.name)
         elif not self.selection.wants(site.layer_index, t):
             return
         else:
             assert positions is not None
-            starts, ends, starts_h, ends_h = causal_bounds(positions, (b, s, t), site.name)
+            starts, ends = causal_bounds(positions, (b, s, t), site.name)
         matrix = scores.reshape(b * s, t)
         top_k = site.top_k or int(indices.shape[-1])
         reference = relative_indices(indices.reshape(b * s, -1), starts, ends, top_k)
@@ -212,12 +214,11 @@ class IndexerCapture:
             "layer_index": site.layer_index,
             "index_source": "input of the indexer module's top-k",
             "reference_source": "the module's top-k indices; picks outside [start, end) mapped to -1",
-            "chunk": {"requests": b, **self.chunk},
+            "chunk": dict(self.chunk),
             "device": self._device_name(scores.device),
         }
-        self.writer.submit(matrix, starts, ends, starts_h, ends_h, reference, top_k=top_k, row_stride=t,
-                           layer_index=site.layer_index, layer_name=site.name,
-                           single_request=b == 1 and not starts_h.any(), attrs=attrs)
+        self.writer.submit(matrix, starts, ends, reference, top_k=top_k, row_stride=t, layer_index=site.layer_index,
+                           layer_name=site.name, requests=b, attrs=attrs, attended=attended)
 
     def _exit_active(self) -> None:
         if self._active is not None:
@@ -243,10 +244,11 @@ class IndexerCapture:
 
 
 def row_bounds(mask: torch.Tensor, shape: tuple[int, int, int], where: str
-               ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
-    """Per-row [start, end) of the attended columns of a [B, S, T] mask (broadcastable), on the mask's
-    device and on the host (one small device-to-host copy). Raises `_LayoutError` for a row whose
-    attended columns are not one contiguous range."""
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row [start, end) of the attended columns of a [B, S, T] mask (broadcastable) and the number of
+    attended columns, all on the mask's device and never read on the host (that would be a sync): a row
+    whose attended columns are not one contiguous range has end - start != attended, which the writer
+    checks on the host. Raises `_LayoutError` for a mask whose dtype or shape does not fit."""
     b, s, t = shape
     if mask.dtype == torch.bool:
         valid = mask
@@ -267,24 +269,18 @@ def row_bounds(mask: torch.Tensor, shape: tuple[int, int, int], where: str
     empty = counts == 0
     starts = starts.masked_fill(empty, 0)
     ends = ends.masked_fill(empty, 0)
-    host = torch.stack([starts, ends, counts]).cpu().numpy()
-    broken = np.nonzero(host[1] - host[0] != host[2])[0]
-    if broken.size:
-        raise _LayoutError(f"{where}: row {int(broken[0])} attends to a non-contiguous set of columns")
-    return starts, ends, host[0], host[1]
+    return starts, ends, counts
 
 
 def causal_bounds(positions: torch.Tensor, shape: tuple[int, int, int], where: str
-                  ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row bounds when keys after each query's position are masked: [0, position + 1), clipped to T."""
     b, s, t = shape
     try:
         ends = (positions.to(torch.int64) + 1).clamp(0, t).expand(b, s).reshape(b * s)
     except RuntimeError:
         raise _LayoutError(f"{where}: position_ids {tuple(positions.shape)} do not match scores {shape}") from None
-    starts = torch.zeros_like(ends)
-    ends_h = ends.cpu().numpy()
-    return starts, ends, np.zeros_like(ends_h), ends_h
+    return torch.zeros_like(ends), ends
 
 
 def relative_indices(indices: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int

@@ -4,9 +4,13 @@ A model run produces one score matrix per indexer layer per forward: far more th
 mostly the same shape over and over. The default keeps the *first eligible matrix per (layer, column
 width)*, which covers every layer at every context length that occurred while writing each shape once.
 
-The policy is split in two on purpose: `wants` answers from shapes alone (layer, width) so that the
-capture hooks can refuse a call before doing any work, and `admit` decides once the row bounds and the
-exact byte size are known. Decisions are counted, never raised: the model must not notice a capture.
+Every decision on the model's thread is made from shapes and facts already on the host, never from
+device data (reading the row bounds would synchronise the host with the model's stream): `wants` answers
+from (layer, width) so that the capture hooks can refuse a call before doing any work, and `admit` charges
+the budgets with the whole (rows, cols) matrix, an upper bound of its in-range bytes. The writer thread,
+once the bounds reach the host, `settle`s the charge to the exact size, or `release`s it when the matrix
+turns out ineligible (several requests under single-request-only). Decisions are counted, never raised:
+the model must not notice a capture.
 """
 
 from __future__ import annotations
@@ -120,7 +124,10 @@ class Selection:
         return (self.policy.layers is None or layer in self.policy.layers) and not self.exhausted()
 
     def admit(self, layer: int, width: int, nbytes: int, single_request: bool) -> bool:
-        """Final decision once bounds are known; counts the reason when the answer is no."""
+        """Decision from shapes (on the model's thread); counts the reason when the answer is no.
+
+        `nbytes` is what the matrix may hold at most; `single_request` False when its shape already shows
+        several requests (a batch), True when it may hold one (the writer checks the bounds)."""
         if self.policy.single_request_only and not single_request:
             self.skip("multi_request")
             return False
@@ -134,9 +141,24 @@ class Selection:
 
     def record(self, layer: int, width: int, nbytes: int) -> None:
         """A matrix was handed to the writer: it now counts against the budgets and its shape is done."""
-        self.taken.add((layer, width))
-        self.cases += 1
-        self.nbytes += nbytes
+        with self._lock:
+            self.taken.add((layer, width))
+            self.cases += 1
+            self.nbytes += nbytes
+
+    def settle(self, charged: int, nbytes: int) -> None:
+        """A recorded matrix holds exactly `nbytes` in range (known on the writer thread): charge that
+        instead of the upper bound it was admitted with."""
+        with self._lock:
+            self.nbytes += nbytes - charged
+
+    def release(self, layer: int, width: int, charged: int) -> None:
+        """Undo `record` for a matrix found ineligible once its bounds were on the host: it costs no budget,
+        and its shape may be taken by a later matrix."""
+        with self._lock:
+            self.taken.discard((layer, width))
+            self.cases -= 1
+            self.nbytes -= charged
 
     def drop(self, reason: str) -> None:
         """Count a wanted matrix that could not be kept (the model thread and the writer thread both drop)."""

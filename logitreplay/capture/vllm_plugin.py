@@ -4,10 +4,12 @@ vLLM loads every `vllm.general_plugins` entry point in each of its processes (AP
 every worker). `register` does nothing unless `LOGITREPLAY_CAPTURE_DIR` is set; then it wraps
 `vllm._custom_ops.top_k_per_row_prefill` and, for builds whose indexer calls the op directly,
 `torch.ops._C.top_k_per_row_prefill`. The wrapper first runs the production kernel, then, if the policy
-wants the matrix, stages a copy of it:
+wants the matrix (decided from its layer and width alone), stages a device copy of it for the writer,
+without ever reading ks/ke on the host (that would stall the model's thread on its stream), and keeps:
 
 - only each row's `[ks, ke)`: vLLM computes the logits with `clean_logits=False`, so everything outside
-  the bounds is uninitialized memory and not data;
+  the bounds is uninitialized memory and not data (the writer cuts the rows on the host, and refuses
+  bounds outside the matrix there);
 - ks/ke, the row stride (DeepGEMM pads rows), the indices the production kernel wrote (before any
   context-parallel merge rewrites them), the layer name (the indexer's `k_cache_prefix`, read from the
   calling frame), the chunk's token range and its number of requests (distinct ks values);
@@ -36,7 +38,6 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-import numpy as np
 import torch
 
 from logitreplay.capture.policy import Policy, Selection, parse_size
@@ -127,6 +128,9 @@ class VllmCapture:
     def _after(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                indices: torch.Tensor, rows: int, stride0: int, stride1: int, top_k: int) -> None:
         try:
+            if self.writer is not None and self.writer.failed:  # it has logged why; stop asking
+                self.enabled = False
+                return
             if self.selection.exhausted() or _capturing_graph(logits) or not self._rank_wanted():
                 return
             layer_name, chunk = _caller_facts(sys._getframe(2))  # _after <- _Wrapped.__call__ <- caller
@@ -138,12 +142,6 @@ class VllmCapture:
             if stride1 != 1 or logits.stride(1) != 1 or logits.stride(0) != stride0:
                 raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
                                    f"stride0={stride0}, stride1={stride1}")
-            starts, ends = row_starts[:rows], row_ends[:rows]
-            host = torch.stack([starts.to(torch.int64), ends.to(torch.int64)]).cpu().numpy()
-            bad = np.nonzero((host[0] < 0) | (host[1] < host[0]) | (host[1] > cols))[0]
-            if bad.size:
-                r = int(bad[0])
-                raise RuntimeError(f"row {r}: bounds [{host[0][r]}, {host[1][r]}) outside {cols} columns")
             if self.writer is None:
                 self.writer = CaptureWriter(self.directory, self.selection, rank=self._global_rank(),
                                             max_pending_bytes=self.max_pending_bytes)
@@ -155,14 +153,12 @@ class VllmCapture:
                 "index_source": f"input of vLLM {OP_NAME}",
                 "reference_source": f"indices written by vLLM {OP_NAME}",
                 "tp_rank": self._tp_rank(),
-                "chunk": {"requests": len(np.unique(host[0])), **chunk},
+                "chunk": chunk,  # the writer adds the number of requests: distinct ks values
                 "device": torch.cuda.get_device_name(logits.device) if logits.is_cuda else str(logits.device),
             }
-            self.writer.submit(logits[:rows], starts, ends, host[0], host[1], indices[:rows, :top_k],
+            self.writer.submit(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k],
                                top_k=top_k, row_stride=stride0, layer_index=layer_index, layer_name=layer_name,
-                               single_request=not host[0].any(), attrs=attrs)
-            if self.writer.failed:  # it has logged why; stop asking
-                self.enabled = False
+                               requests=None, attrs=attrs)
         except Exception as e:  # never into the model: log once and stop capturing
             self._fail(f"{type(e).__name__}: {e}")
 

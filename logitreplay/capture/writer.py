@@ -1,15 +1,22 @@
 """Staging captured matrices off the model's critical path and writing them as archive cases.
 
-The order of work is chosen so that the model never waits on disk or on the host:
-1. on the model's stream, the in-range values are gathered into a fresh device buffer
-   (`archive.gather_rows`, a device-to-device pass), so the model may reuse or overwrite its logits
-   buffer right after (vLLM does, and leaves it uninitialized outside the bounds anyway);
-2. a background thread copies that buffer to pinned host memory on a side stream (CUDA) once an event
-   recorded on the model's stream says the gather is done; on CPU the gathered tensor is already host data;
-3. the same thread builds the `Case` and writes it with `Archive.write`, which marks the case complete
-   last, so a process killed at any point leaves every finished case readable.
-The queue between 1 and 2 is bounded (in cases and in device bytes): when it is full the matrix is dropped
-and counted, never waited for. Any error in the writer is logged once and turns the writer off.
+The order of work is chosen so that the model never waits on disk or on the host, and its thread never
+waits on the device: reading any device value on the host (the row bounds, a byte count) would drain the
+model's stream and leave the GPU idle while Python launches the next kernels.
+1. on the model's stream, the whole (rows, cols) matrix, the row bounds and the reference indices are
+   copied into fresh device buffers (device-to-device, no sync), so the model may reuse or overwrite its
+   logits buffer right after (vLLM does, and leaves it uninitialized outside the bounds anyway); an event
+   recorded behind the copies is handed to the writer thread with them;
+2. the writer thread copies those buffers to pinned host memory on a side stream once the event says they
+   are ready (it waits on that stream, never on the model's); on CPU the copies are already host data;
+3. on the host, the same thread checks the bounds, counts the exact in-range bytes, applies what the policy
+   could not decide from shapes (single-request-only), gathers each row's [start, end) into the ragged
+   values, and writes the `Case` with `Archive.write`, which marks the case complete last, so a process
+   killed at any point leaves every finished case readable.
+Staging the whole matrix costs more device memory than its in-range cells, but their count is only known
+after a sync. The queue between 1 and 2 is bounded (in cases and in staged device bytes): when it is full
+the matrix is dropped and counted, never waited for. Any error in the writer is logged once and turns the
+writer off.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.archive import Archive, ArchiveError, Case, gather_rows
+from logitreplay.archive import Archive, ArchiveError, Case
 from logitreplay.capture.policy import Selection
 
 log = logging.getLogger("logitreplay.capture")
@@ -40,18 +47,19 @@ _WRITERS = itertools.count(1)
 
 @dataclass
 class _Staged:
-    case_id: str
+    layer_index: int
     layer_name: str
-    values: torch.Tensor  # 1-D ragged, on the model's device
-    reference: torch.Tensor | None  # (rows, top_k) int32, on the model's device
-    row_starts: np.ndarray
-    row_ends: np.ndarray
+    # On the model's device until the writer copies them: the (rows, cols) matrix, the (2 or 3, rows) int64
+    # bounds (starts, ends[, attended]), and the (rows, top_k) int32 reference indices when there are any.
+    tensors: tuple[torch.Tensor, ...]
+    ready: torch.cuda.Event | None  # recorded on the model's stream after the copies
     top_k: int
     cols: int
     row_stride: int
-    nbytes: int
+    requests: int | None
+    charged: int  # bytes the policy's budget was charged (the whole matrix), settled once exact
+    staged: int  # device bytes held until the case is written
     attrs: dict[str, Any]
-    ready: torch.cuda.Event | None  # recorded on the model's stream after the gather
 
 
 class CaptureWriter:
@@ -80,7 +88,7 @@ class CaptureWriter:
         self._pending_bytes = 0
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Staged | None] = queue.Queue(maxsize=max_pending)
-        self._side: torch.cuda.Stream | None = None
+        self._sides: dict[torch.device, torch.cuda.Stream] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"logitreplay-writer-{self.prefix}", daemon=True)
         self._thread.start()
@@ -89,43 +97,49 @@ class CaptureWriter:
     def failed(self) -> bool:
         return self.error is not None
 
-    def submit(self, logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-               starts_host: np.ndarray, ends_host: np.ndarray, reference: torch.Tensor | None, *,
-               top_k: int, row_stride: int, layer_index: int, layer_name: str, single_request: bool,
-               attrs: dict[str, Any]) -> bool:
-        """Offer one matrix (called on the model's thread, inside its stream). Returns whether it was kept.
+    def submit(self, matrix: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, reference: torch.Tensor | None,
+               *, top_k: int, row_stride: int, layer_index: int, layer_name: str, requests: int | None,
+               attrs: dict[str, Any], attended: torch.Tensor | None = None) -> bool:
+        """Offer one matrix (called on the model's thread, inside its stream). Returns whether it was staged.
 
-        `logits` is the (rows, cols) matrix view the kernel read; `starts`/`ends` its row bounds on the
-        same device and `starts_host`/`ends_host` the same bounds already on the host. Never blocks.
+        `matrix` is the (rows, cols) view the kernel read and `starts`/`ends` its row bounds, on the same
+        device; nothing here reads device data on the host, so it never blocks on the model's stream.
+        `requests` is the number of requests the rows belong to when the shapes tell (a batch), None when
+        only the bounds do (rows of several requests concatenated: then it is counted on the host as the
+        distinct row starts). `attended`, when given, is each row's number of columns the bounds were
+        derived from: a row whose [start, end) spans a different number does not fit the format, and
+        fails the writer. Raises only for tensors of mismatched shapes.
         """
-        cols = int(logits.shape[1])
-        nbytes = int((ends_host.astype(np.int64) - starts_host.astype(np.int64)).sum()) * logits.element_size()
-        if not self.selection.admit(layer_index, cols, nbytes, single_request):
+        rows, cols = (int(n) for n in matrix.shape)
+        for name, t in (("starts", starts), ("ends", ends), ("attended", attended)):
+            if t is not None and tuple(t.shape) != (rows,):
+                raise ValueError(f"{layer_name}: {name} of shape {tuple(t.shape)} for a matrix of {rows} rows")
+        charged = matrix.numel() * matrix.element_size()
+        if not self.selection.admit(layer_index, cols, charged, single_request=requests in (None, 1)):
             return False
         if self.failed or self._closed:
             self.selection.drop("writer_off")
             return False
+        staged = charged + (0 if reference is None else reference.numel() * 4)
         with self._lock:
-            full = self._queue.full() or self._pending_bytes + nbytes > self.max_pending_bytes
+            full = self._queue.full() or self._pending_bytes + staged > self.max_pending_bytes
             if not full:
-                self._pending_bytes += nbytes
+                self._pending_bytes += staged
         if full:
             self.selection.drop("queue_full")
             return False
-        values = gather_rows(logits, starts, ends)
-        ref = None if reference is None else reference.to(torch.int32).clone(memory_format=torch.contiguous_format)
+        tensors: tuple[torch.Tensor, ...] = (
+            matrix.clone(memory_format=torch.contiguous_format),
+            torch.stack([t.to(torch.int64) for t in (starts, ends, attended) if t is not None]))
+        if reference is not None:
+            tensors += (reference.to(torch.int32, copy=True, memory_format=torch.contiguous_format),)
         ready = None
-        if values.is_cuda:
+        if matrix.is_cuda:
             ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(values.device))
-        self._seq += 1
-        case_id = f"{self.prefix}-{self._seq:05d}-L{layer_index:02d}-w{cols}"
-        attrs = {**attrs, "capture_policy": self.selection.policy.describe(), "rank": self.rank,
-                 "created": _now()}
-        item = _Staged(case_id, layer_name, values, ref, starts_host.astype(np.int32), ends_host.astype(np.int32),
-                       int(top_k), cols, int(row_stride), nbytes, attrs, ready)
-        self._queue.put_nowait(item)  # cannot be full: only this thread puts, and it checked above
-        self.selection.record(layer_index, cols, nbytes)
+            ready.record(torch.cuda.current_stream(matrix.device))
+        self._queue.put_nowait(_Staged(layer_index, layer_name, tensors, ready, int(top_k), cols, int(row_stride),
+                                       requests, charged, staged, attrs))  # not full: only this thread puts
+        self.selection.record(layer_index, cols, charged)
         return True
 
     def close(self) -> dict[str, Any]:
@@ -163,37 +177,57 @@ class CaptureWriter:
                 if self.failed:
                     self.selection.drop("writer_off")
                     continue
-                values, reference = self._to_host(item)
-                case = Case.from_rows(item.case_id, values, item.row_starts, item.row_ends, top_k=item.top_k,
-                                      cols=item.cols, row_stride=item.row_stride, reference_indices=reference,
-                                      attrs=item.attrs)
-                self.archive.write(case)
-                with self._lock:
-                    self.captured += 1
-                    self.bytes += item.nbytes
-                    self.widths.setdefault(item.layer_name, set()).add(item.cols)
+                self._write(item)
             except Exception as e:  # a full disk or a bad case must not reach the model: log once, stop
-                self._fail(f"writing case {item.case_id}: {type(e).__name__}: {e}")
+                self._fail(f"writing a case of {item.layer_name} (width {item.cols}): {type(e).__name__}: {e}")
                 self.selection.drop("writer_error")
             finally:
+                item.tensors = ()
                 with self._lock:
-                    self._pending_bytes -= item.nbytes
+                    self._pending_bytes -= item.staged
 
-    def _to_host(self, item: _Staged) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _write(self, item: _Staged) -> None:
+        """The host half of a capture: everything that needed the bounds, then the archive write."""
+        matrix, bounds, *reference = self._to_host(item)
+        starts, ends = bounds[0].numpy(), bounds[1].numpy()
+        if len(bounds) == 3 and (broken := np.nonzero(ends - starts != bounds[2].numpy())[0]).size:
+            raise ValueError(f"row {int(broken[0])} attends to a non-contiguous set of columns")
+        requests = item.requests if item.requests is not None else len(np.unique(starts))
+        if self.selection.policy.single_request_only and (requests != 1 or starts.any()):
+            self.selection.release(item.layer_index, item.cols, item.charged)
+            self.selection.skip("multi_request")
+            return
+        self._seq += 1
+        attrs = {**item.attrs, "chunk": {"requests": requests, **item.attrs.get("chunk", {})},
+                 "capture_policy": self.selection.policy.describe(), "rank": self.rank, "created": _now()}
+        case = Case.from_rows(f"{self.prefix}-{self._seq:05d}-L{item.layer_index:02d}-w{item.cols}",
+                              _ragged(matrix, starts, ends), starts, ends, top_k=item.top_k, cols=item.cols,
+                              row_stride=item.row_stride, reference_indices=reference[0] if reference else None,
+                              attrs=attrs)
+        self.selection.settle(item.charged, case.nbytes)
+        self.archive.write(case)
+        with self._lock:
+            self.captured += 1
+            self.bytes += case.nbytes
+            self.widths.setdefault(item.layer_name, set()).add(item.cols)
+
+    def _to_host(self, item: _Staged) -> list[torch.Tensor]:
+        """The staged tensors as host tensors, taken from the item. On CUDA they are copied to pinned memory
+        on a side stream behind the model stream's event, and only that stream is waited for; the device
+        buffers are released after the copy finished, back to the model stream's pool."""
+        tensors, item.tensors = item.tensors, ()
         if item.ready is None:
-            return item.values, item.reference
-        device = item.values.device
+            return list(tensors)
+        device = tensors[0].device
         with torch.cuda.device(device):
-            if self._side is None:
-                self._side = torch.cuda.Stream(device)
-            with torch.cuda.stream(self._side):
-                self._side.wait_event(item.ready)
-                host = [_pinned_copy(t) if t is not None else None for t in (item.values, item.reference)]
-            self._side.synchronize()
-        # The device buffers are released here, after the copy finished, back to the model stream's pool.
-        item.values = item.reference = None  # type: ignore[assignment]
-        assert host[0] is not None
-        return host[0], host[1]
+            side = self._sides.get(device)
+            if side is None:
+                side = self._sides[device] = torch.cuda.Stream(device)
+            with torch.cuda.stream(side):
+                side.wait_event(item.ready)
+                host = [_pinned_copy(t) for t in tensors]
+            side.synchronize()
+        return host
 
     def _fail(self, message: str) -> None:
         if self.error is None:
@@ -220,6 +254,14 @@ def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
+
+
+def _ragged(matrix: torch.Tensor, starts: np.ndarray, ends: np.ndarray) -> torch.Tensor:
+    """Each row's [start, end) of a host matrix, concatenated. A copy per row: on the host that is several
+    times faster than gathering every cell by index. Bounds outside the matrix are not checked here: the
+    case's validation refuses them before anything is written."""
+    rows = [row[s:e] for row, s, e in zip(matrix, starts.tolist(), ends.tolist(), strict=True)]
+    return torch.cat(rows) if rows else matrix.new_empty((0,))
 
 
 def _open_archive(path: Path) -> Archive:

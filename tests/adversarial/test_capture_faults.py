@@ -29,8 +29,8 @@ _WRITER = textwrap.dedent("""
         cols = 64 if i < 4 else 65536  # four small cases, then cases whose chunks exceed the limit
         logits = torch.randn(16, cols)
         starts, ends = torch.zeros(16, dtype=torch.int64), torch.full((16,), cols)
-        writer.submit(logits, starts, ends, starts.numpy(), ends.numpy(), None, top_k=8, row_stride=cols,
-                      layer_index=i, layer_name="x", single_request=True, attrs={})
+        writer.submit(logits, starts, ends, None, top_k=8, row_stride=cols, layer_index=i, layer_name="x",
+                      requests=1, attrs={})
         print(i, flush=True)
         time.sleep(0.05)  # a model's pace: the queue never fills, every case reaches the disk
     print(json.dumps(writer.close()), flush=True)
