@@ -45,3 +45,21 @@ def test_pairs_without_timings_give_no_rule() -> None:
     result = _result({4096: (100, 200)})
     result.cases[0].results[1] = SelectorResult("deepselect", "unsupported", reason="no GPU")
     assert recommend(result) == []
+
+
+def test_a_source_measured_at_several_widths_gets_its_own_rule() -> None:
+    # Normal logits: native faster up to 8192 columns, deepselect from 32768. A concentrated distribution
+    # exists only at 8192 columns, where it favours deepselect so much that the all-cases rule flips there.
+    result = _result({4096: (1.0, 2.0), 8192: (1.0, 1.5), 32768: (2.0, 1.0)})
+    for case in result.cases:
+        case.source = "normal"
+    concentrated = CaseResult("c8192-plus100", 1024, 8192, 512, "float32", 8192, "normal+100", 8192 * 4096)
+    concentrated.results = [SelectorResult("native", "ok", timing=Timing([20.0], "cuda-events")),
+                            SelectorResult("deepselect", "ok", timing=Timing([1.0], "cuda-events"))]
+    result.cases.append(concentrated)
+    rules = {r.source: r for r in recommend(result)}
+    assert len(rules[None].crossovers) == 2
+    normal = rules["normal"]
+    assert [(c.below, c.above) for c in normal.crossovers] == [("native", "deepselect")]
+    assert 8192 < normal.crossovers[0].width < 32768 and "[normal only]" in normal.rule
+    assert "normal+100" not in rules  # measured at one width: no rule of its own

@@ -5,7 +5,10 @@ the actual logits width, so this turns a replay into that rule instead of a gues
 selectors (and per dtype), the time ratio is taken per distinct width (`cols`; the geometric mean over
 cases of that width, whatever their distribution, so a width is judged on everything replayed there);
 wherever the ratio crosses 1 between two neighbouring widths, the crossover is interpolated linearly in
-log(width) vs log(ratio), and the cases at both bounding widths are named.
+log(width) vs log(ratio), and the cases at both bounding widths are named. When the cases come from
+several sources (distributions, models and layers), each source measured at two or more widths also gets
+its own rule: a distribution that only exists at one width (e.g. concentrated scores) would otherwise
+bend the all-cases rule there.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from logitreplay.replay.engine import ReplayResult
+from logitreplay.replay.engine import CaseResult, ReplayResult
 
 
 @dataclass
@@ -43,6 +46,7 @@ class PairRule:
     ratios: dict[int, float]
     crossovers: list[Crossover] = field(default_factory=list)
     rule: str = ""
+    source: str | None = None  # None: every case of the dtype; else only the cases of this source
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -51,41 +55,58 @@ class PairRule:
 
 
 def recommend(result: ReplayResult) -> list[PairRule]:
-    """A rule for every pair of selectors that were both timed on cases of at least one common width."""
+    """A rule for every pair of selectors that were both timed on cases of at least one common width,
+    per dtype, then per source (see the module docstring)."""
     rules = []
-    dtypes = sorted({c.dtype for c in result.cases})
-    for dtype, (a, b) in itertools.product(dtypes, itertools.combinations(result.selectors, 2)):
-        logs: dict[int, list[float]] = {}
-        names: dict[int, list[str]] = {}
-        for case in result.cases:
-            ra, rb = case.result(a), case.result(b)
-            if case.dtype != dtype or ra is None or rb is None or ra.timing is None or rb.timing is None:
-                continue
-            if ra.timing.median_us <= 0 or rb.timing.median_us <= 0:
-                continue
-            logs.setdefault(case.cols, []).append(math.log(ra.timing.median_us / rb.timing.median_us))
-            names.setdefault(case.cols, []).append(case.case_id)
-        if not logs:
-            continue
-        widths = sorted(logs)
-        y = {w: sum(v) / len(v) for w, v in logs.items()}
-        pair = PairRule(a, b, dtype, {w: math.exp(y[w]) for w in widths})
-        for w0, w1 in itertools.pairwise(widths):
-            if (y[w0] < 0) != (y[w1] < 0) and y[w0] != y[w1]:
-                t = -y[w0] / (y[w1] - y[w0])
-                width = math.exp(math.log(w0) + t * (math.log(w1) - math.log(w0)))
-                faster_below, faster_above = (a, b) if y[w0] < 0 else (b, a)
-                pair.crossovers.append(Crossover(width, faster_below, faster_above, w0, w1, names[w0], names[w1]))
-        pair.rule = _rule(pair, widths, y)
-        rules.append(pair)
+    for dtype in sorted({c.dtype for c in result.cases}):
+        cases = [c for c in result.cases if c.dtype == dtype and not c.invalid]
+        sources = sorted({c.source for c in cases})
+        groups: list[tuple[str | None, list[CaseResult]]] = [(None, cases)]
+        if len(sources) > 1:
+            for source in sources:
+                mine = [c for c in cases if c.source == source]
+                if len({c.cols for c in mine}) > 1:
+                    groups.append((source, mine))
+        for scope, group in groups:
+            for a, b in itertools.combinations(result.selectors, 2):
+                rule = _pair_rule(group, a, b, dtype, scope)
+                if rule is not None:
+                    rules.append(rule)
     return rules
 
 
+def _pair_rule(cases: list[CaseResult], a: str, b: str, dtype: str, source: str | None) -> PairRule | None:
+    logs: dict[int, list[float]] = {}
+    names: dict[int, list[str]] = {}
+    for case in cases:
+        ra, rb = case.result(a), case.result(b)
+        if ra is None or rb is None or ra.timing is None or rb.timing is None:
+            continue
+        if ra.timing.median_us <= 0 or rb.timing.median_us <= 0:
+            continue
+        logs.setdefault(case.cols, []).append(math.log(ra.timing.median_us / rb.timing.median_us))
+        names.setdefault(case.cols, []).append(case.case_id)
+    if not logs:
+        return None
+    widths = sorted(logs)
+    y = {w: sum(v) / len(v) for w, v in logs.items()}
+    pair = PairRule(a, b, dtype, {w: math.exp(y[w]) for w in widths}, source=source)
+    for w0, w1 in itertools.pairwise(widths):
+        if (y[w0] < 0) != (y[w1] < 0) and y[w0] != y[w1]:
+            t = -y[w0] / (y[w1] - y[w0])
+            width = math.exp(math.log(w0) + t * (math.log(w1) - math.log(w0)))
+            faster_below, faster_above = (a, b) if y[w0] < 0 else (b, a)
+            pair.crossovers.append(Crossover(width, faster_below, faster_above, w0, w1, names[w0], names[w1]))
+    pair.rule = _rule(pair, widths, y)
+    return pair
+
+
 def _rule(pair: PairRule, widths: list[int], y: dict[int, float]) -> str:
+    scope = pair.dtype if pair.source is None else f"{pair.dtype} [{pair.source} only]"
     span = f"{widths[0]}-{widths[-1]} columns" if len(widths) > 1 else f"{widths[0]} columns"
     if not pair.crossovers:
         faster = pair.a if y[widths[0]] < 0 else pair.b
-        return f"{pair.dtype}: {faster} faster than {pair.b if faster == pair.a else pair.a} at every measured width ({span})"
+        return f"{scope}: {faster} faster than {pair.b if faster == pair.a else pair.a} at every measured width ({span})"
     parts = []
     first = pair.crossovers[0]
     parts.append(f"{first.below} when cols < {first.width:.0f}")
@@ -95,4 +116,4 @@ def _rule(pair: PairRule, widths: list[int], y: dict[int, float]) -> str:
     parts.append(f"{last.above} when cols >= {last.width:.0f}")
     bounds = "; ".join(f"crossing between {c.lower_width} ({', '.join(c.lower_cases)}) and {c.upper_width} "
                        f"({', '.join(c.upper_cases)})" for c in pair.crossovers)
-    return f"{pair.dtype}, {pair.a} vs {pair.b}: " + ", ".join(parts) + f" [{bounds}]"
+    return f"{scope}, {pair.a} vs {pair.b}: " + ", ".join(parts) + f" [{bounds}]"
