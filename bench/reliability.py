@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GPU_JUNIT = ROOT / "bench/results/h200-2026-11-29/gpu-junit.xml"
 CPU_TESTS = ["tests/adversarial", "tests/test_capture_writer.py", "tests/test_capture_hf.py",
-             "tests/test_capture_vllm.py", "tests/test_hub.py", "tests/test_export.py", "tests/test_verify.py",
+             "tests/test_capture_vllm.py", "tests/test_capture_sync.py", "tests/test_hub.py", "tests/test_export.py", "tests/test_verify.py",
              "tests/test_replay.py", "tests/test_archive.py"]
 
 # Test module -> (area, what is thrown at it).
@@ -48,6 +48,12 @@ CATEGORIES: dict[str, tuple[str, str]] = {
      "write errors; SIGKILL mid-capture; writers and ranks sharing one archive"),
     "test_capture_hf": ("capture", "errors inside capture, a raising forward, a full disk during a model "
      "run, bad CLI input"),
+    "test_capture_sync": ("capture", "the capture path on the model's thread under a no-host-sync guard "
+     "(CUDA sync debug mode on a GPU)"),
+    "test_gpu_kernels": ("kernels (CUDA)", "every stress and control shape in both dtypes, NaN poison outside "
+     "the bounds, strided outputs, graph replay after a bounds change, NaN reporting"),
+    "test_deepselect": ("kernels (CUDA)", "each top_k class and its edges, unaligned starts, adversarial "
+     "orders, ties and infinities, rows of 300000 columns"),
     "test_capture_vllm": ("capture", "garbage outside [ks, ke), multi-request chunks, bad bounds, graph "
      "capture in progress, other ranks"),
     "test_hub": ("sharing", "offline, missing repo, missing revision, bad token (never printed), names "
@@ -103,6 +109,8 @@ def render(rows: dict[tuple[str, str], Tally], sources: list[str]) -> str:
              "|---|---|---|---|---|---|"]
     total = Tally()
     for (area, what), t in sorted(rows.items()):
+        if t.tried == 0:
+            continue
         lost = "0" if t.failed == 0 else "see failures"
         lines.append(f"| {area} | {what} | {t.tried} | {t.passed} | {t.failed} | {lost} |")
         total.tried += t.tried
