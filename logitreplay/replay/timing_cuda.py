@@ -164,27 +164,29 @@ def sm_clock_mhz(device: torch.device) -> int | None:
         return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
     except Exception:  # no pynvml, or NVML not usable here: try the command line
         pass
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
+    text = _smi_query(index, "clocks.sm")
     try:
-        text = subprocess.run([smi, "-i", str(index), "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10, check=True).stdout
-        return int(text.strip().splitlines()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None if text is None else int(text)
+    except ValueError:
         return None
 
 
 def _driver_version(index: int) -> str | None:
+    return _smi_query(index, "driver_version")
+
+
+def _smi_query(index: int, field: str) -> str | None:
+    """One `nvidia-smi --query-gpu` field of GPU `index`, or None where nvidia-smi is missing or fails."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     try:
-        text = subprocess.run([smi, "-i", str(index), "--query-gpu=driver_version", "--format=csv,noheader"],
+        text = subprocess.run([smi, "-i", str(index), f"--query-gpu={field}", "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, timeout=10, check=True).stdout
-        return text.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+    lines = text.strip().splitlines()
+    return lines[0].strip() if lines and lines[0].strip() else None
 
 
 def gpu_environment(device: torch.device) -> dict[str, Any]:
