@@ -365,7 +365,7 @@ class Archive:
         except zipfile.BadZipFile as e:
             raise ArchiveError(f"{loc}: damaged zip ({e})") from None
         except (ValueError, TypeError, json.JSONDecodeError) as e:
-            raise ArchiveError(f"{loc}: unreadable archive metadata ({_one_line(e)})") from None
+            raise ArchiveError(f"{loc}: unreadable archive metadata ({one_line(e)})") from None
         return cls(group, loc, mode != "r")
 
     # -- listing
@@ -385,7 +385,7 @@ class Archive:
             try:
                 attrs = dict(cases[name].attrs)
             except Exception as e:  # malformed zarr.json of one case must not hide the others
-                attrs = {"error": f"unreadable metadata ({type(e).__name__}: {_one_line(e)})"}
+                attrs = {"error": f"unreadable metadata ({type(e).__name__}: {one_line(e)})"}
             out.append(CaseInfo(name, attrs.get("complete") is True, attrs, self._stored_bytes(name)))
         return out
 
@@ -420,7 +420,7 @@ class Archive:
         except KeyError:
             raise ArchiveError(f"case {case_id}: not in {self.location}") from None
         except Exception as e:  # malformed metadata: report, never guess
-            raise ArchiveError(f"case {case_id}: unreadable metadata ({type(e).__name__}: {_one_line(e)})") from None
+            raise ArchiveError(f"case {case_id}: unreadable metadata ({type(e).__name__}: {one_line(e)})") from None
         if attrs.get("complete") is not True:
             raise ArchiveError(f"case {case_id}: incomplete (its writer did not finish); not data")
         if attrs.get("schema_version") != SCHEMA_VERSION:
@@ -455,7 +455,7 @@ class Archive:
             data = np.asarray(arr[...])
         except Exception as e:  # a damaged chunk fails inside the codec with any exception type
             raise ArchiveError(f"case {case_id}: field {name}: checksum error: chunk unreadable "
-                               f"({type(e).__name__}: {_one_line(e)})") from None
+                               f"({type(e).__name__}: {one_line(e)})") from None
         want = checksums.get(name)
         if want is None:
             raise ArchiveError(f"case {case_id}: field {name}: no checksum recorded")
@@ -554,8 +554,10 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:200]
+def one_line(e: BaseException, limit: int | None = 200) -> str:
+    """The message of `e` on one line (every run of whitespace one space), cut to `limit` characters
+    (None: whole): user-facing errors are one line."""
+    return " ".join(str(e).split())[:limit]
 
 
-__all__ = ["SCHEMA_VERSION", "DTYPES", "ArchiveError", "Case", "CaseInfo", "Archive", "gather_rows"]
+__all__ = ["SCHEMA_VERSION", "DTYPES", "ArchiveError", "Case", "CaseInfo", "Archive", "gather_rows", "one_line"]

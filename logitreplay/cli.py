@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from logitreplay.archive import ArchiveError
+from logitreplay.archive import ArchiveError, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,7 +28,7 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (ArchiveError, SelectorError, FileNotFoundError, PermissionError) as e:
-            raise click.ClickException(" ".join(str(e).split())) from None
+            raise click.ClickException(one_line(e, None)) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from logitreplay.archive import one_line
 from logitreplay.capture.hooks import CaptureError
 from logitreplay.capture.policy import Policy, PolicyError
 from logitreplay.cli import user_errors
@@ -61,7 +62,7 @@ def hf_cmd(model: str, revision: str | None, prompts: Path | None, random_tokens
                     attn_implementation=attn_implementation, policy=policy, seed=seed)
         summary = _with_progress(run, capture_hf, quiet=as_json)
     except (CaptureError, PolicyError, UnicodeDecodeError) as e:
-        raise click.ClickException(" ".join(str(e).split())) from None
+        raise click.ClickException(one_line(e, None)) from None
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from logitreplay.archive import one_line
 from logitreplay.capture.hooks import CaptureError, IndexerCapture
 from logitreplay.capture.policy import Policy, Selection
 from logitreplay.capture.writer import CaptureWriter
@@ -71,7 +72,7 @@ def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -
         model: Any = AutoModelForCausalLM.from_pretrained(run.model, revision=run.revision, dtype=dtype,
                                                      attn_implementation=run.attn_implementation)
     except (OSError, ValueError) as e:
-        raise CaptureError(f"{run.model}: cannot load ({' '.join(str(e).split())[:300]})") from None
+        raise CaptureError(f"{run.model}: cannot load ({one_line(e, 300)})") from None
     model.to(device).eval()
     sequences = _sequences(run, model.config.vocab_size)
     if not sequences or all(len(s) == 0 for s in sequences):
@@ -155,7 +156,7 @@ def _sequences(run: HFRun, vocab_size: int) -> list[torch.Tensor]:
         try:
             tok = AutoTokenizer.from_pretrained(run.model, revision=run.revision)
         except (OSError, ValueError) as e:
-            raise CaptureError(f"{run.model}: no usable tokenizer for --prompts ({' '.join(str(e).split())[:200]})"
+            raise CaptureError(f"{run.model}: no usable tokenizer for --prompts ({one_line(e)})"
                                ) from None
         seqs = [torch.tensor(tok(p)["input_ids"], dtype=torch.long) for p in run.prompts]
     if run.context_len is not None:

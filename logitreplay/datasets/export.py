@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from logitreplay.archive import SCHEMA_VERSION, ArchiveError, Case, _one_line
+from logitreplay.archive import SCHEMA_VERSION, ArchiveError, Case, one_line
 
 METADATA_KEY = "logitreplay"
 # Accepted tensor names for files written by other tools, first match wins (vLLM calls the bounds ks/ke).
@@ -90,7 +90,7 @@ def _load(path: Path, tensors: bool) -> tuple[dict[str, str], dict[str, Any], di
             header = f.metadata() or {}
             data = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}  # noqa: SIM118 (not a mapping)
     except (SafetensorError, OSError) as e:
-        raise ArchiveError(f"{path}: not a readable safetensors file ({_one_line(e)})") from None
+        raise ArchiveError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
     meta: dict[str, Any] = {}
     if METADATA_KEY in header:
         try:

@@ -31,7 +31,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from logitreplay.archive import _CHUNK, Archive, ArchiveError, _codecs, _one_line
+from logitreplay.archive import _CHUNK, Archive, ArchiveError, _codecs, one_line
 from logitreplay.datasets.card import build_card
 
 # The Hub's repository recommendations: fewer than 100k files per repo and 10k entries per folder, files
@@ -66,7 +66,7 @@ def hub_errors(what: str) -> Iterator[None]:
     try:
         yield
     except HFValidationError as e:
-        raise ArchiveError(f"{what}: {_one_line(e)}") from None
+        raise ArchiveError(f"{what}: {one_line(e)}") from None
     except OfflineModeIsEnabled:
         raise ArchiveError(f"{what}: the Hub is unreachable in offline mode (HF_HUB_OFFLINE is set)") from None
     except RevisionNotFoundError:
@@ -345,7 +345,7 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
                               cache_dir=target / ".cache" / "huggingface" / "hub", allow_patterns=patterns,
                               token=token)
         except ValueError as e:  # the client refuses file names that would land outside `target`
-            raise ArchiveError(f"{what}: refused: {_one_line(e)}") from None
+            raise ArchiveError(f"{what}: refused: {one_line(e)}") from None
     source.write_text(json.dumps({**record, "complete": True}, indent=1) + "\n")
     return pulled
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.archive import Archive, ArchiveError, Case
+from logitreplay.archive import Archive, ArchiveError, Case, one_line
 from logitreplay.replay.timing import Timing, TimingProtocol, time_launches
 from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values, nan_row
 from logitreplay.selectors.base import Launch, Selector
@@ -184,8 +184,8 @@ def fast_path(case: Case) -> tuple[bool, str]:
     return True, ""
 
 
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {one_line(e, None)}"[:300]
 
 
 def case_header(case: Case, read_bandwidth: float | None = None) -> CaseResult:
@@ -230,7 +230,7 @@ def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device,
                 prepared = Prepared(case, sel, launch, out, logits, starts, ends)
                 failures = [f for check in extra_checks for f in check(prepared)]
         except Exception as e:
-            res.status, res.reason = "error", _one_line(e)
+            res.status, res.reason = "error", _error_text(e)
             continue
         if failures:
             res.status, res.failures = "failed", sorted(failures, key=lambda f: f.check)
@@ -259,7 +259,7 @@ def _time(launches: dict[str, Launch], device: torch.device,
             try:
                 out[name] = time_launches({name: launch}, device, protocol)[name]
             except Exception as e:
-                out[name] = f"timing raised {_one_line(e)}"
+                out[name] = f"timing raised {_error_text(e)}"
         return out
 
 

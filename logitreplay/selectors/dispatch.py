@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from logitreplay.archive import Case
+from logitreplay.archive import Case, one_line
 from logitreplay.selectors import models
 from logitreplay.selectors.base import Launch, Selector
 
@@ -37,7 +37,7 @@ class Dispatched:
 
                 self._cuda = getattr(kernels, self._cuda_class)()
             except Exception as e:  # a missing nvcc, a failed build, an unsupported architecture, ...
-                self._cuda_error = f"CUDA kernel unavailable ({type(e).__name__}: {' '.join(str(e).split())})"
+                self._cuda_error = f"CUDA kernel unavailable ({type(e).__name__}: {one_line(e, None)})"
         return self._cuda
 
     def supports(self, case: Case, device: torch.device) -> str | None:

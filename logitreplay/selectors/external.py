@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from logitreplay.archive import Case
+from logitreplay.archive import Case, one_line
 from logitreplay.selectors.base import Launch
 
 EXTERNAL: dict[str, str] = {
@@ -46,7 +46,7 @@ class Upstream:
         try:
             self._import()
         except Exception as e:  # a broken install or an ABI mismatch with this torch
-            return f"{self.module} does not import ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+            return f"{self.module} does not import ({type(e).__name__}: {one_line(e, 160)})"
         return self.limits(case)
 
     def limits(self, case: Case) -> str | None:
