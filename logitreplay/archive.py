@@ -29,7 +29,7 @@ DTYPES = ("float32", "bfloat16")
 # What each logical dtype is stored as: numpy has no bfloat16, so its raw bits are kept as uint16.
 _STORAGE_DTYPE = {"float32": np.dtype("<f4"), "bfloat16": np.dtype("<u2")}
 _TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_ARRAYS = ("values", "offsets", "row_starts", "row_ends", "reference_indices")
+CASE_ARRAYS = ("values", "offsets", "row_starts", "row_ends", "reference_indices")
 # 4 Mi elements per chunk: big enough that per-chunk overhead vanishes, small enough to stream.
 _CHUNK = 1 << 22
 _MAX_INDEX = 2**31 - 1
@@ -283,6 +283,21 @@ def _codecs() -> list[Any]:
     return [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")]
 
 
+def chunk_shape(data: np.ndarray) -> tuple[int, ...]:
+    """The chunks a case array is stored in: up to `_CHUNK` elements, whole rows of a 2-D array."""
+    if data.ndim == 2:
+        return (max(1, min(data.shape[0], _CHUNK // max(1, data.shape[1]))), data.shape[1])
+    return (min(_CHUNK, max(1, data.shape[0])),) + data.shape[1:]
+
+
+def write_array(group: Any, name: str, data: np.ndarray, shards: tuple[int, ...] | None = None) -> None:
+    """Create the array `name` in a case group with the archive's chunks and codec, and fill it."""
+    arr = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunk_shape(data), shards=shards,
+                             compressors=_codecs(), fill_value=0)
+    if data.size:
+        arr[...] = data
+
+
 class Archive:
     """A zarr v3 group `cases/<case_id>/...` of cases, opened for writing (directory) or reading (any URL).
 
@@ -436,7 +451,7 @@ class Archive:
         if dtype not in DTYPES:
             raise ArchiveError(f"case {case_id}: field dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
         arrays: dict[str, np.ndarray] = {}
-        for name in _ARRAYS:
+        for name in CASE_ARRAYS:
             if name == "reference_indices" and attrs.get("has_reference") is not True:
                 continue
             arrays[name] = self._read_array(case_id, grp, name, attrs["checksums"])
@@ -480,18 +495,11 @@ class Archive:
             raise ArchiveError(f"case {case.case_id!r}: field case_id: must be a non-empty name without '/'")
         grp = cases.create_group(case.case_id)
         checksums = {}
-        arrays = {"values": case.values, "offsets": case.offsets, "row_starts": case.row_starts,
-                  "row_ends": case.row_ends, "reference_indices": case.reference_indices}
-        for name, data in arrays.items():
+        for name in CASE_ARRAYS:
+            data = getattr(case, name)
             if data is None:
                 continue
-            chunks = (min(_CHUNK, max(1, data.shape[0])),) + data.shape[1:]
-            if data.ndim == 2:
-                chunks = (max(1, min(data.shape[0], _CHUNK // max(1, data.shape[1]))), data.shape[1])
-            a = grp.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks,
-                                 compressors=_codecs(), fill_value=0)
-            if data.size:
-                a[...] = data
+            write_array(grp, name, data)
             checksums[name] = _sha256(data)
         grp.attrs.update({
             "schema_version": SCHEMA_VERSION,

@@ -31,7 +31,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from logitreplay.archive import _CHUNK, Archive, ArchiveError, _codecs, one_line
+from logitreplay.archive import CASE_ARRAYS, Archive, ArchiveError, chunk_shape, one_line, write_array
 from logitreplay.datasets.card import build_card
 
 # The Hub's repository recommendations: fewer than 100k files per repo and 10k entries per folder, files
@@ -39,7 +39,6 @@ from logitreplay.datasets.card import build_card
 HUB_MAX_FILES = 100_000
 HUB_MAX_FOLDER_ENTRIES = 10_000
 MAX_SHARD_BYTES = 4 << 30
-_CASE_ARRAYS = ("values", "offsets", "row_starts", "row_ends", "reference_indices")
 _HF_URL = re.compile(r"^hf://(?P<type>datasets|models|spaces)/(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?(?P<path>/.*)?$")
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -164,17 +163,14 @@ class Staged:
                 "bytes": self.bytes}
 
 
-def _chunks_and_shards(data: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    """Chunks as the archive writes them; shards holding as many whole chunks as fit `MAX_SHARD_BYTES`."""
-    if data.ndim == 2:
-        chunks: tuple[int, ...] = (max(1, min(data.shape[0], _CHUNK // max(1, data.shape[1]))), data.shape[1])
-    else:
-        chunks = (min(_CHUNK, max(1, data.shape[0])),)
+def _shards(data: np.ndarray) -> tuple[int, ...] | None:
+    """Shards holding as many of the archive's chunks as fit `MAX_SHARD_BYTES` (None for an empty array)."""
     if data.size == 0:
-        return chunks, None
+        return None
+    chunks = chunk_shape(data)
     chunk_bytes = math.prod(chunks) * data.itemsize
     per_shard = max(1, min(math.ceil(data.shape[0] / chunks[0]), MAX_SHARD_BYTES // chunk_bytes))
-    return chunks, (chunks[0] * per_shard,) + chunks[1:]
+    return (chunks[0] * per_shard,) + chunks[1:]
 
 
 def _copy_case(archive: Archive, case_id: str, attrs: dict[str, Any], cases_group: Any) -> None:
@@ -182,15 +178,10 @@ def _copy_case(archive: Archive, case_id: str, attrs: dict[str, Any], cases_grou
     untouched), then `complete` last, exactly as the archive's own writer orders it."""
     case = archive.read(case_id)  # verifies every checksum: a damaged case is never published
     grp = cases_group.create_group(case_id)
-    for name in _CASE_ARRAYS:
+    for name in CASE_ARRAYS:
         data = getattr(case, name)
-        if data is None:
-            continue
-        chunks, shards = _chunks_and_shards(data)
-        arr = grp.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks, shards=shards,
-                               compressors=_codecs(), fill_value=0)
-        if data.size:
-            arr[...] = data
+        if data is not None:
+            write_array(grp, name, data, _shards(data))
     grp.attrs.update({k: v for k, v in attrs.items() if k != "complete"})
     grp.attrs["complete"] = True
 
