@@ -27,8 +27,10 @@ import torch
 SCHEMA_VERSION = 1
 DTYPES = ("float32", "bfloat16")
 # What each logical dtype is stored as: numpy has no bfloat16, so its raw bits are kept as uint16.
-_STORAGE_DTYPE = {"float32": np.dtype("<f4"), "bfloat16": np.dtype("<u2")}
+_STORAGE_DTYPE: dict[str, np.dtype[Any]] = {"float32": np.dtype("<f4"), "bfloat16": np.dtype("<u2")}
 _TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Bytes of one logit of each logical dtype, as a kernel reads it.
+ELEMENT_BYTES = {name: dt.itemsize for name, dt in _STORAGE_DTYPE.items()}
 CASE_ARRAYS = ("values", "offsets", "row_starts", "row_ends", "reference_indices")
 # 4 Mi elements per chunk: big enough that per-chunk overhead vanishes, small enough to stream.
 _CHUNK = 1 << 22
@@ -568,4 +570,5 @@ def one_line(e: BaseException, limit: int | None = 200) -> str:
     return " ".join(str(e).split())[:limit]
 
 
-__all__ = ["SCHEMA_VERSION", "DTYPES", "ArchiveError", "Case", "CaseInfo", "Archive", "gather_rows", "one_line"]
+__all__ = ["SCHEMA_VERSION", "DTYPES", "ELEMENT_BYTES", "ArchiveError", "Case", "CaseInfo", "Archive",
+           "gather_rows", "one_line"]

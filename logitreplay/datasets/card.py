@@ -14,7 +14,7 @@ from typing import Any
 
 from huggingface_hub import DatasetCard, DatasetCardData
 
-from logitreplay.archive import SCHEMA_VERSION, Archive, CaseInfo
+from logitreplay.archive import ELEMENT_BYTES, SCHEMA_VERSION, Archive, CaseInfo
 
 SELECTOR_SEMANTICS = (
     "For row r, return the indices of the top_k largest values of logits[r, row_starts[r]:row_ends[r]], "
@@ -23,7 +23,6 @@ SELECTOR_SEMANTICS = (
     "a result is judged by the multiset of selected values (bit-exact), never by the index set."
 )
 TAGS = ["logitreplay", "sparse-attention", "top-k", "indexer-logits", "deepseek-sparse-attention"]
-_ITEMSIZE = {"float32": 4, "bfloat16": 2}
 
 
 def _provenance(info: CaseInfo) -> dict[str, Any]:
@@ -74,7 +73,7 @@ def case_row(info: CaseInfo) -> dict[str, Any]:
     a, p = info.attrs, _provenance(info)
     return {"id": info.case_id, "layer": _first(p, "layer_name", "layer_index"),
             "rows": a.get("rows"), "cols": a.get("cols"), "top_k": a.get("top_k"), "dtype": a.get("dtype"),
-            "bytes": int(a.get("valid_elements", 0)) * _ITEMSIZE.get(str(a.get("dtype")), 4),
+            "bytes": int(a.get("valid_elements", 0)) * ELEMENT_BYTES.get(str(a.get("dtype")), 4),
             "sha256": a.get("sha256")}
 
 

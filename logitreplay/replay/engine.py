@@ -19,12 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.archive import Archive, ArchiveError, Case, one_line
+from logitreplay.archive import ELEMENT_BYTES, Archive, ArchiveError, Case, one_line
 from logitreplay.replay.timing import Timing, TimingProtocol, time_launches
 from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values, nan_row
 from logitreplay.selectors.base import Launch, Selector
 
-_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 # vLLM routes a prefill chunk to DeepSelect only when its rows can be read as DeepSelect expects.
 _DEEPSELECT_MAX_K = 4096
 _DEEPSELECT_ROW_ALIGN = 1024
@@ -179,7 +178,7 @@ def fast_path(case: Case) -> tuple[bool, str]:
     chunk = case.attrs.get("chunk")
     if isinstance(chunk, dict) and int(chunk.get("requests", 1)) > 1:
         return False, f"{chunk['requests']} requests"
-    if (case.row_stride * _ELEMENT_BYTES[case.dtype]) % _DEEPSELECT_ROW_ALIGN:
+    if (case.row_stride * ELEMENT_BYTES[case.dtype]) % _DEEPSELECT_ROW_ALIGN:
         return False, f"row stride not {_DEEPSELECT_ROW_ALIGN}-byte aligned"
     return True, ""
 

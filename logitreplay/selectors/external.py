@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from logitreplay.archive import Case, one_line
+from logitreplay.archive import ELEMENT_BYTES, Case, one_line
 from logitreplay.selectors.base import Launch
 
 EXTERNAL: dict[str, str] = {
@@ -24,7 +24,6 @@ EXTERNAL: dict[str, str] = {
     "flashinfer": "logitreplay.selectors.external:FlashInferRagged",
     "sgl-fast-topk": "logitreplay.selectors.external:SglFastTopk",
 }
-_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 class Upstream:
@@ -99,7 +98,7 @@ class DeepSelectUpstream(Upstream):
         if case.top_k > self.max_k:
             return f"top_k {case.top_k} > {self.max_k}"
         align = int(self._import().get_stride_requirement()[0])
-        if (case.row_stride * _ELEMENT_BYTES[case.dtype]) % align:
+        if (case.row_stride * ELEMENT_BYTES[case.dtype]) % align:
             return f"input row stride {case.row_stride} is not {align}-byte aligned (upstream requirement)"
         return _no_start(case)
 
