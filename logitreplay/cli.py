@@ -33,6 +33,16 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def progress(iterable: Any, total: int, description: str) -> Any:
+    """A rich progress bar on a terminal, a plain iterator otherwise (logs and pipes stay clean)."""
+    if not sys.stderr.isatty():
+        return iterable
+    from rich.console import Console
+    from rich.progress import track
+
+    return track(iterable, total=total, description=description, console=Console(stderr=True), transient=True)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="logitreplay")
 def main() -> None:

@@ -13,18 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from logitreplay.archive import Archive, ArchiveError, Case
-from logitreplay.cli import user_errors
+from logitreplay.cli import progress, user_errors
 from logitreplay.datasets import synth
 from logitreplay.datasets.summary import summarize
-
-
-def progress(iterable: Any, total: int, description: str) -> Any:
-    """A rich progress bar on a terminal, a plain iterator otherwise (logs and pipes stay clean)."""
-    if not sys.stderr.isatty():
-        return iterable
-    from rich.progress import track
-
-    return track(iterable, total=total, description=description, console=Console(stderr=True), transient=True)
 
 
 @click.command("synth")

@@ -11,9 +11,8 @@ import torch
 from rich.console import Console
 
 from logitreplay.archive import ArchiveError, Case
-from logitreplay.cli import user_errors
+from logitreplay.cli import progress, user_errors
 from logitreplay.datasets import synth
-from logitreplay.datasets.commands import progress
 from logitreplay.replay import report
 from logitreplay.replay.engine import CaseResult, ExtraCheck, ReplayResult, environment, open_cases, replay
 from logitreplay.replay.timing import TimingProtocol
