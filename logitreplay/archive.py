@@ -338,7 +338,7 @@ class Archive:
         if p.exists() and any(p.iterdir()):
             raise ArchiveError(f"{p}: exists and is not an archive; refusing to write into it")
         group = zarr.open_group(str(p), mode="w-", zarr_format=3)
-        group.attrs.update({"logitreplay": {"schema_version": SCHEMA_VERSION, "created": _now()},
+        group.attrs.update({"logitreplay": {"schema_version": SCHEMA_VERSION, "created": utc_now()},
                             **(attrs or {})})
         group.require_group("cases")
         return cls(group, str(p), True)
@@ -514,7 +514,7 @@ class Archive:
             "has_reference": case.reference_indices is not None,
             "sha256": checksums["values"],
             "checksums": checksums,
-            "created": _now(),
+            "created": utc_now(),
             "provenance": case.attrs,
         })
         grp.attrs["complete"] = True
@@ -560,7 +560,8 @@ def _child_names(group: Any) -> list[str]:
     return sorted(n.rstrip("/") for n in sync(collect()) if n != "zarr.json")
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The current UTC time, as every timestamp in an archive is written (`2026-01-31T12:00:00Z`)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
@@ -571,4 +572,4 @@ def one_line(e: BaseException, limit: int | None = 200) -> str:
 
 
 __all__ = ["SCHEMA_VERSION", "DTYPES", "ELEMENT_BYTES", "ArchiveError", "Case", "CaseInfo", "Archive",
-           "gather_rows", "one_line"]
+           "gather_rows", "one_line", "utc_now"]

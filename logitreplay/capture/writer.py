@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.archive import Archive, ArchiveError, Case
+from logitreplay.archive import Archive, ArchiveError, Case, utc_now
 from logitreplay.capture.policy import Selection
 
 log = logging.getLogger("logitreplay.capture")
@@ -199,7 +199,7 @@ class CaptureWriter:
             return
         self._seq += 1
         attrs = {**item.attrs, "chunk": {"requests": requests, **item.attrs.get("chunk", {})},
-                 "capture_policy": self.selection.policy.describe(), "rank": self.rank, "created": _now()}
+                 "capture_policy": self.selection.policy.describe(), "rank": self.rank, "created": utc_now()}
         case = Case.from_rows(f"{self.prefix}-{self._seq:05d}-L{item.layer_index:02d}-w{item.cols}",
                               _ragged(matrix, starts, ends), starts, ends, top_k=item.top_k, cols=item.cols,
                               row_stride=item.row_stride, reference_indices=reference[0] if reference else None,
@@ -237,17 +237,13 @@ class CaptureWriter:
     def _write_summary(self) -> None:
         # Its own file per writer: root attributes are shared by every writer and must not be rewritten.
         target = self.path / f"capture-summary-{self.prefix}.json"
-        data = {**self.summary(), "written": _now()}
+        data = {**self.summary(), "written": utc_now()}
         try:
             tmp = target.with_name(target.name + ".partial")
             tmp.write_text(json.dumps(data, indent=2) + "\n")
             os.replace(tmp, target)
         except OSError as e:
             self._fail(f"writing summary {target}: {e}")
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
