@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
 
 import numpy as np
 import torch
 
 from logitreplay.archive import Case
 
-Scale = Literal["small", "full"]
 SCALES: tuple[str, ...] = ("small", "full")
 # Small scale divides rows and columns by this factor, keeping their ratio, so a CPU runs the suite in
 # seconds; top_k is kept unless it would exceed half the (shrunk) width.
