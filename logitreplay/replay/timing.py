@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
 
-Launch = Callable[[], None]
+from logitreplay.selectors.base import Launch
 
 
 @dataclass(frozen=True)
