@@ -275,6 +275,12 @@ class CaseInfo:
     def rows(self) -> int:
         return int(self.attrs.get("rows", 0))
 
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """The case's provenance attributes; empty when they are missing or not a JSON object."""
+        prov = self.attrs.get("provenance")
+        return prov if isinstance(prov, dict) else {}
+
 
 def _codecs() -> list[Any]:
     # Measured by bench/codecs.py (bench/RESULTS.md): on normal float32 logits Blosc lz4+bitshuffle

@@ -25,11 +25,6 @@ SELECTOR_SEMANTICS = (
 TAGS = ["logitreplay", "sparse-attention", "top-k", "indexer-logits", "deepseek-sparse-attention"]
 
 
-def _provenance(info: CaseInfo) -> dict[str, Any]:
-    prov = info.attrs.get("provenance")
-    return prov if isinstance(prov, dict) else {}
-
-
 def _first(d: dict[str, Any], *keys: str) -> Any:
     return next((d[k] for k in keys if d.get(k) is not None), None)
 
@@ -52,7 +47,7 @@ def size_category(n: int) -> str:
 
 def card_fields(infos: list[CaseInfo]) -> dict[str, Any]:
     """The `logitreplay` block of the front matter: what a reader needs to trust and reproduce the data."""
-    provs = [_provenance(i) for i in infos]
+    provs = [i.provenance for i in infos]
     # Provenance keys as capture records them (capture/hf.py, capture/vllm_plugin.py, capture/writer.py).
     models = _distinct([{"id": str(p["model"]), "revision": p.get("revision")} for p in provs if p.get("model")])
     engines = _distinct([{"name": str(p["engine"]), "version": p.get("engine_version")}
@@ -70,7 +65,7 @@ def card_fields(infos: list[CaseInfo]) -> dict[str, Any]:
 
 
 def case_row(info: CaseInfo) -> dict[str, Any]:
-    a, p = info.attrs, _provenance(info)
+    a, p = info.attrs, info.provenance
     return {"id": info.case_id, "layer": _first(p, "layer_name", "layer_index"),
             "rows": a.get("rows"), "cols": a.get("cols"), "top_k": a.get("top_k"), "dtype": a.get("dtype"),
             "bytes": int(a.get("valid_elements", 0)) * ELEMENT_BYTES.get(str(a.get("dtype")), 4),
@@ -94,8 +89,8 @@ def _provenance_section(infos: list[CaseInfo], fields: dict[str, Any]) -> str:
         lines.append(f"- Engine {e['name']} {e['version'] or ''}".rstrip() + ".")
     for pol in fields["capture_policy"]:
         lines.append(f"- Capture policy: `{pol if isinstance(pol, str) else json.dumps(pol, sort_keys=True)}`.")
-    synthetic = [i for i in infos if _provenance(i).get("source") == "synthetic"]
-    suites = _distinct([_provenance(i).get("recipe", {}).get("suite") for i in synthetic])
+    synthetic = [i for i in infos if i.provenance.get("source") == "synthetic"]
+    suites = _distinct([i.provenance.get("recipe", {}).get("suite") for i in synthetic])
     if synthetic:
         lines.append(f"- {len(synthetic)} synthetic control case(s): each case's `provenance.recipe` attribute "
                      "regenerates it bit for bit"

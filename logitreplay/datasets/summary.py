@@ -47,7 +47,7 @@ def value_stats(case: Case) -> dict[str, Any]:
 def summarize(info: CaseInfo, case: Case | None) -> dict[str, Any]:
     """One case's summary; `case` is None for incomplete cases (listed, never read as data)."""
     a = info.attrs
-    prov = a.get("provenance", {}) if isinstance(a.get("provenance"), dict) else {}
+    prov = info.provenance
     out: dict[str, Any] = {
         "case_id": info.case_id,
         "complete": info.complete,
