@@ -100,9 +100,13 @@ def _load(path: Path, tensors: bool) -> tuple[dict[str, str], dict[str, Any], di
     return header, meta, data
 
 
+def _case_id(path: Path, meta: dict[str, Any]) -> str:
+    return str(meta.get("case_id", path.name.removesuffix(".safetensors")))
+
+
 def case_id_of(path: Path) -> str:
     """The id `read_file` gives the file's case, from its header alone (no tensor is read)."""
-    return str(_load(path, tensors=False)[1].get("case_id", path.name.removesuffix(".safetensors")))
+    return _case_id(path, _load(path, tensors=False)[1])
 
 
 def read_file(path: Path, top_k: int | None = None) -> Case:
@@ -129,7 +133,7 @@ def read_file(path: Path, top_k: int | None = None) -> Case:
     k = meta.get("top_k", tensors.get("top_k", top_k))
     if k is None:
         raise ArchiveError(f"{path}: field top_k: not in the file; pass --top-k")
-    case_id = case_id_of(path)
+    case_id = _case_id(path, meta)
     attrs = meta.get("provenance", {"imported_from": path.name, "metadata": header})
     ref = tensors.get("reference_indices")
     case = Case.from_matrix(case_id, logits[:, :cols], starts, ends, top_k=int(k), row_stride=width,
