@@ -85,6 +85,11 @@ class CaseResult:
     def result(self, selector: str) -> SelectorResult | None:
         return next((r for r in self.results if r.selector == selector), None)
 
+    def timed(self, selector: str) -> Timing | None:
+        """The selector's timing on this case; None when it was not verified and timed."""
+        res = self.result(selector)
+        return None if res is None else res.timing
+
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("case_id", "rows", "cols", "top_k", "dtype", "row_stride", "source",
                                            "valid_bytes", "invalid", "floor_us", "fast_path", "fast_path_note")}

@@ -79,12 +79,10 @@ def _pair_rule(cases: list[CaseResult], a: str, b: str, dtype: str, source: str 
     logs: dict[int, list[float]] = {}
     names: dict[int, list[str]] = {}
     for case in cases:
-        ra, rb = case.result(a), case.result(b)
-        if ra is None or rb is None or ra.timing is None or rb.timing is None:
+        ta, tb = case.timed(a), case.timed(b)
+        if ta is None or tb is None or ta.median_us <= 0 or tb.median_us <= 0:
             continue
-        if ra.timing.median_us <= 0 or rb.timing.median_us <= 0:
-            continue
-        logs.setdefault(case.cols, []).append(math.log(ra.timing.median_us / rb.timing.median_us))
+        logs.setdefault(case.cols, []).append(math.log(ta.median_us / tb.median_us))
         names.setdefault(case.cols, []).append(case.case_id)
     if not logs:
         return None

@@ -44,10 +44,10 @@ def cell(res: SelectorResult | None) -> str:
 
 def ratio(case: CaseResult, baseline: str, other: str) -> float | None:
     """baseline median / other median: above 1 means `other` is faster than the baseline."""
-    b, o = case.result(baseline), case.result(other)
-    if b is None or o is None or b.timing is None or o.timing is None or o.timing.median_us <= 0:
+    b, o = case.timed(baseline), case.timed(other)
+    if b is None or o is None or o.median_us <= 0:
         return None
-    return b.timing.median_us / o.timing.median_us
+    return b.median_us / o.median_us
 
 
 def _source(case: CaseResult) -> str:
@@ -63,19 +63,20 @@ def table(result: ReplayResult) -> Table:
     t.add_column("k", justify="right")
     t.add_column("source")
     t.add_column("DS fast path")  # would vLLM route this case to DeepSelect's prefill fast path
-    if any(c.floor_us is not None for c in result.cases):
+    floors = any(c.floor_us is not None for c in result.cases)
+    if floors:
         t.add_column("read floor us", justify="right")
     for name in result.selectors:
         t.add_column(name, justify="right", overflow="fold")
     # A ratio column for every other selector that was timed somewhere.
     others = [s for s in result.selectors if result.baseline and s != result.baseline
-              and any((sr := c.result(s)) is not None and sr.timing is not None for c in result.cases)]
+              and any(c.timed(s) is not None for c in result.cases)]
     for name in others:
         t.add_column(f"{result.baseline}/{name}", justify="right")
     for case in result.cases:
         row = [str(case.cols), str(case.rows), str(case.top_k), _source(case),
                "yes" if case.fast_path else f"no: {case.fast_path_note}"]
-        if any(c.floor_us is not None for c in result.cases):
+        if floors:
             row.append("" if case.floor_us is None else f"{case.floor_us:.1f}")
         if case.invalid:
             row += [f"invalid: {case.invalid}"] * len(result.selectors) + [""] * len(others)
@@ -161,13 +162,13 @@ def write_plot(result: ReplayResult, path: Path) -> None:
     for i, name in enumerate(result.selectors):
         xs, ys, lo, hi = [], [], [], []
         for j, case in enumerate(cases):
-            res = case.result(name)
-            if res is not None and res.timing is not None:
-                m = res.timing.median_us
+            timing = case.timed(name)
+            if timing is not None:
+                m = timing.median_us
                 xs.append(j + (i - (len(result.selectors) - 1) / 2) * width)
                 ys.append(m)
-                lo.append(m - res.timing.quantile(0.1))
-                hi.append(res.timing.quantile(0.9) - m)
+                lo.append(m - timing.quantile(0.1))
+                hi.append(timing.quantile(0.9) - m)
         ax.bar(xs, ys, width, yerr=[lo, hi], label=name, capsize=2)
     ax.set_xticks(range(len(cases)))
     ax.set_xticklabels([f"{c.cols}x{c.rows}\nk={c.top_k}\n{_source(c)}" for c in cases], fontsize=7)
