@@ -45,6 +45,7 @@ log = logging.getLogger("logitreplay.capture")
 # transformers >= 5.11: `model.layers.N.self_attn.indexer`
 INDEXER_CLASSES = ("DeepseekV32Indexer", "GlmMoeDsaIndexer")
 _TOPK = (torch.topk, torch.Tensor.topk)
+_LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 
 class CaptureError(ValueError):
@@ -312,16 +313,22 @@ def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], position: int | Non
     return kwargs.get(name)
 
 
+def layer_number(name: str) -> int | None:
+    """The first dot-separated part of a module or cache name that is a number (`model.layers.7.x` -> 7)."""
+    m = _LAYER_NUMBER.search(name)
+    return int(m.group(1)) if m else None
+
+
 def _layer_index(name: str, module: torch.nn.Module, order: int) -> int:
     idx = getattr(module, "layer_idx", None)
     if isinstance(idx, int):
         return idx
-    m = re.search(r"(?:^|\.)(\d+)(?:\.|$)", name)
-    return int(m.group(1)) if m else order
+    number = layer_number(name)
+    return order if number is None else number
 
 
 def _int_or_none(x: Any) -> int | None:
     return int(x) if isinstance(x, int) and x > 0 else None
 
 
-__all__ = ["INDEXER_CLASSES", "CaptureError", "IndexerCapture", "relative_indices", "row_bounds"]
+__all__ = ["INDEXER_CLASSES", "CaptureError", "IndexerCapture", "layer_number", "relative_indices", "row_bounds"]

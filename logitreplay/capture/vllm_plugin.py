@@ -31,7 +31,6 @@ import atexit
 import functools
 import logging
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any
 
 import torch
 
+from logitreplay.capture.hooks import layer_number
 from logitreplay.capture.policy import Policy, Selection, parse_size
 from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
 
@@ -52,7 +52,6 @@ ENV_PENDING = "LOGITREPLAY_CAPTURE_PENDING_BYTES"
 ENV_MODEL = "LOGITREPLAY_CAPTURE_MODEL"
 ENV_REVISION = "LOGITREPLAY_CAPTURE_REVISION"
 OP_NAME = "top_k_per_row_prefill"
-_LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 _active: VllmCapture | None = None
 
 
@@ -134,8 +133,8 @@ class VllmCapture:
             if self.selection.exhausted() or _capturing_graph(logits) or not self._rank_wanted():
                 return
             layer_name, chunk = _caller_facts(sys._getframe(2))  # _after <- _Wrapped.__call__ <- caller
-            m = _LAYER.search(layer_name)
-            layer_index = int(m.group(1)) if m else -1
+            number = layer_number(layer_name)
+            layer_index = -1 if number is None else number
             cols = int(logits.shape[1])
             if not self.selection.wants(layer_index, cols):
                 return
