@@ -427,8 +427,13 @@ class Archive:
     def __len__(self) -> int:
         return len(self.case_ids())
 
+    @property
+    def _is_directory(self) -> bool:
+        """A local directory archive (not a zip, not a URL): the only kind whose files can be listed."""
+        return "://" not in self.location and not self.location.endswith(".zip")
+
     def _stored_bytes(self, case_id: str) -> int | None:
-        if "://" in self.location or self.location.endswith(".zip"):
+        if not self._is_directory:
             return None
         d = Path(self.location) / "cases" / case_id
         return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
@@ -531,7 +536,7 @@ class Archive:
         Written to a temporary name and renamed, so a killed packer never leaves a half zip under the
         final name.
         """
-        if "://" in self.location or self.location.endswith(".zip"):
+        if not self._is_directory:
             raise ArchiveError(f"{self.location}: only a local directory archive can be packed")
         dst = Path(zip_path)
         tmp = dst.with_name(dst.name + ".partial")
