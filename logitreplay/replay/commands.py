@@ -14,7 +14,7 @@ from logitreplay.archive import ArchiveError, Case
 from logitreplay.cli import progress, user_errors
 from logitreplay.datasets import synth
 from logitreplay.replay import report
-from logitreplay.replay.engine import CaseResult, ExtraCheck, ReplayResult, environment, open_cases, replay
+from logitreplay.replay.engine import CaseResult, ReplayResult, device_checks, environment, open_cases, replay
 from logitreplay.replay.timing import TimingProtocol
 from logitreplay.selectors.base import Launch, Selector, SelectorError, available, build, load_factory
 
@@ -150,19 +150,17 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
         protocol = TimingProtocol(warmup=25 if warmup is None else warmup, rounds=4 if rounds is None else rounds,
                                   l2=l2, timer=timer, graphs=True)  # type: ignore[arg-type]
         label = f"CUDA kernel time, {'CUDA events' if timer == 'events' else 'CUPTI'}, L2 {l2}, graph replay"
-    # Device-specific checks beyond DESIGN's 1-4 and the measured read bandwidth (bytes/s) for the floor.
-    extra_checks: list[ExtraCheck] = []
+    # The measured read bandwidth (bytes/s) for the floor, on CUDA.
     read_bandwidth: float | None = None
     cases, total, pinned = open_cases(list(locations), suite, scale)
     if total == 0:
         raise ArchiveError("nothing to replay: the archives hold no complete case")
     env = environment(dev)
     env["inputs"] = pinned + ([f"suite {suite} ({scale})"] if suite else [])
+    extra_checks = device_checks(dev)
     if dev.type == "cuda":
-        from logitreplay.replay.graph_check import graph_replay_check
         from logitreplay.replay.timing_cuda import gpu_environment, measure_read_bandwidth
 
-        extra_checks.append(graph_replay_check)
         read_bandwidth = measure_read_bandwidth(dev)
         env.update(gpu_environment(dev), read_bandwidth_bytes_per_s=read_bandwidth)
     result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)

@@ -154,6 +154,15 @@ class Prepared:
 ExtraCheck = Callable[[Prepared], list[Failure]]
 
 
+def device_checks(device: torch.device) -> list[ExtraCheck]:
+    """The checks a device adds to DESIGN's 1-4: on CUDA, the graph replayed after the bounds changed."""
+    if device.type != "cuda":
+        return []
+    from logitreplay.replay.graph_check import graph_replay_check
+
+    return [graph_replay_check]
+
+
 def describe_source(case: Case) -> str:
     """A short source for tables: the synthetic distribution, or model and layer of a capture."""
     a = case.attrs

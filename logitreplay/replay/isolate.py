@@ -146,18 +146,14 @@ def _child() -> None:
     import torch
 
     from logitreplay.archive import Case
-    from logitreplay.replay.engine import ExtraCheck, case_header, open_cases, replay
+    from logitreplay.replay.engine import case_header, device_checks, open_cases, replay
     from logitreplay.selectors.base import build
 
     job = Job(**json.loads(sys.stdin.read()))
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # a plugin's prints go to stderr, never into the result stream
     device = torch.device(job.device)
-    extra: list[ExtraCheck] = []
-    if device.type == "cuda":
-        from logitreplay.replay.graph_check import graph_replay_check
-
-        extra.append(graph_replay_check)
+    extra = device_checks(device)
     selector = build(job.selector)
     cases, _, _ = open_cases(job.locations, job.suite, job.scale, start=job.start)
     protocol = TimingProtocol(**job.protocol)
