@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.archive import Case, CaseInfo
+from logitreplay.archive import CASE_ARRAYS, Case, CaseInfo
 from logitreplay.selectors.models import f16_bin
 
 # Rows sampled for value statistics: enough for stable means, cheap on a 100k-column case.
@@ -64,8 +64,7 @@ def summarize(info: CaseInfo, case: Case | None) -> dict[str, Any]:
     }
     if case is None:
         return out
-    raw = sum(x.nbytes for x in (case.values, case.offsets, case.row_starts, case.row_ends)
-              if x is not None) + (0 if case.reference_indices is None else case.reference_indices.nbytes)
+    raw = sum(a.nbytes for a in (getattr(case, name) for name in CASE_ARRAYS) if a is not None)
     lengths = case.lengths
     padded_bytes = case.rows * case.cols * case.values.itemsize
     out.update({
