@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import IO, Any
 
 from logitreplay.replay.engine import CaseResult, SelectorResult
@@ -52,7 +52,7 @@ def replay_isolated(jobs: list[Job], total: int, timeout_s: float) -> Iterator[t
         start = 0
         while start < total:
             before = start
-            for index, result in _run_child(Job(**{**asdict(job), "start": start}), timeout_s):
+            for index, result in _run_child(replace(job, start=start), timeout_s):
                 yield job.name, index, result
                 start = index + 1
             if start == before:
@@ -65,7 +65,7 @@ def merge(per_selector: dict[str, dict[int, CaseResult]], order: list[str], tota
     for i in range(total):
         parts = [per_selector[s][i] for s in order if i in per_selector.get(s, {})]
         base = next((p for p in parts if p.results or p.invalid), parts[0])
-        case = CaseResult(**{k: v for k, v in base.__dict__.items() if k != "results"})
+        case = replace(base, results=[])
         if not case.invalid:
             case.results = [r for s in order if i in per_selector.get(s, {})
                             for r in per_selector[s][i].results if r.selector == s]
