@@ -113,11 +113,9 @@ class Selection:
         p = self.policy
         if width < p.min_width or (p.max_width is not None and width > p.max_width):
             return False
-        if p.layers is not None and layer not in p.layers:
-            return False
         if not p.every_call and (layer, width) in self.taken:
             return False
-        return not self.exhausted()
+        return self.wants_layer(layer)
 
     def wants_layer(self, layer: int) -> bool:
         """The decision when a call's width is not visible from its inputs (checked again once it is)."""
