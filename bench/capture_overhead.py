@@ -210,7 +210,7 @@ def main() -> None:
     extra = med["capturing"] - med["plain"]
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "config": vars(args) | {"work": str(work)},
+        "torch": torch.__version__, "config": vars(args),
         "capture": {"cases": summary["captured"], "bytes": summary["bytes"], "seconds": capture_s,
                     "dropped": summary["dropped"], "error": summary["error"], "reference_mismatched_rows": bad_rows},
         "replay": {"exit_code": replayed.exit_code, "statuses": statuses},
