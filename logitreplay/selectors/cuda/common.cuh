@@ -53,6 +53,19 @@ struct LrStatus {
   uint32_t reserved[63];  // pads the header to 256 bytes so what follows stays aligned
 };
 
+// The argument checks of the C ABI, made by every kernel's lr_<name>_topk before it launches anything.
+inline int lr_check_args(const void* logits, int dtype, long long row_stride, const int* row_starts,
+                         const int* row_ends, int rows, int top_k, int max_top_k, const int* out,
+                         long long out_stride, const void* workspace, long long workspace_bytes) {
+  if ((dtype != LR_F32 && dtype != LR_BF16) || rows < 0 || top_k < 1 || top_k > max_top_k || row_stride < 0 ||
+      (rows > 1 && out_stride < top_k))
+    return LR_EINVAL;
+  if (rows > 0 && (logits == nullptr || row_starts == nullptr || row_ends == nullptr || out == nullptr))
+    return LR_EINVAL;
+  if (workspace == nullptr || workspace_bytes < static_cast<long long>(sizeof(LrStatus))) return LR_EWORKSPACE;
+  return LR_OK;
+}
+
 namespace lr {
 
 constexpr int kWarp = 32;

@@ -356,12 +356,9 @@ LR_EXPORT int lr_deepselect_max_top_k(int) { return kMaxTopK; }
 LR_EXPORT int lr_deepselect_topk(const void* logits, int dtype, long long row_stride, const int* row_starts,
                                  const int* row_ends, int rows, int top_k, int* out, long long out_stride,
                                  void* workspace, long long workspace_bytes, cudaStream_t stream) {
-  if ((dtype != LR_F32 && dtype != LR_BF16) || rows < 0 || top_k < 1 || top_k > kMaxTopK || row_stride < 0 ||
-      (rows > 1 && out_stride < top_k))
-    return LR_EINVAL;
-  if (rows > 0 && (logits == nullptr || row_starts == nullptr || row_ends == nullptr || out == nullptr))
-    return LR_EINVAL;
-  if (workspace == nullptr || workspace_bytes < static_cast<long long>(sizeof(LrStatus))) return LR_EWORKSPACE;
+  if (int err = lr_check_args(logits, dtype, row_stride, row_starts, row_ends, rows, top_k, kMaxTopK, out, out_stride,
+                              workspace, workspace_bytes))
+    return err;
   if (rows == 0) return LR_OK;
   auto* status = static_cast<LrStatus*>(workspace);
   return dtype == LR_F32
