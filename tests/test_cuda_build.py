@@ -1,10 +1,14 @@
 """The kernel build without a GPU: exact-architecture targets, the cache key, the cache location, atomic
-cached builds, and errors that say what to do. The compile test runs wherever nvcc is installed."""
+cached builds, errors that say what to do, and the Python binding table against the C header it
+restates. The compile test runs wherever nvcc is installed."""
 
 from __future__ import annotations
 
+import ctypes
+import re
 import shutil
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,7 @@ from click.testing import CliRunner
 
 from logitreplay.archive import Case
 from logitreplay.cli import main
-from logitreplay.selectors.cuda import build
+from logitreplay.selectors.cuda import abi, build
 from logitreplay.selectors.cuda.kernels import NativeCuda
 
 TC = build.Toolchain(Path("/opt/cuda/bin/nvcc"), "13.0.88", ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100"))
@@ -62,7 +66,7 @@ def test_cache_location_follows_the_environment(monkeypatch: pytest.MonkeyPatch,
 
 def test_cache_key_covers_sources_headers_flags_compiler_and_arch(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Path) -> None:
-    for f in build.SOURCE_DIR.glob("*.cu*"):
+    for f in [*build.SOURCE_DIR.glob("*.cu*"), *build.SOURCE_DIR.glob("*.h")]:
         shutil.copy(f, tmp_path / f.name)
     monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
     key = build.cache_key("native", "sm_90a", "13.0.88")
@@ -70,14 +74,74 @@ def test_cache_key_covers_sources_headers_flags_compiler_and_arch(monkeypatch: p
     assert build.cache_key("native", "sm_100a", "13.0.88") != key
     assert build.cache_key("native", "sm_90a", "13.1.0") != key
     assert build.cache_key("native", "sm_90a", "13.0.88", build.FLAGS + ("-G",)) != key
-    header = tmp_path / "common.cuh"
-    header.write_text(header.read_text() + "\n// changed\n")
-    assert build.cache_key("native", "sm_90a", "13.0.88") != key
+    for header in (tmp_path / "common.cuh", tmp_path / "topk_api.h"):
+        header.write_text(header.read_text() + "\n// changed\n")
+        assert build.cache_key("native", "sm_90a", "13.0.88") != key
+        key = build.cache_key("native", "sm_90a", "13.0.88")
 
 
 def test_unknown_kernel_is_named() -> None:
     with pytest.raises(build.BuildError, match="kernel 'nope': no nope.cu .*bundled kernels: .*native"):
         build.sources("nope")
+
+
+API_HEADER = (build.SOURCE_DIR / "topk_api.h").read_text()
+C_TYPES = {"const void*": ctypes.c_void_p, "void*": ctypes.c_void_p, "const int*": ctypes.c_void_p,
+           "int*": ctypes.c_void_p, "cudaStream_t": ctypes.c_void_p, "int": ctypes.c_int,
+           "long long": ctypes.c_longlong}
+
+
+def _header_prototypes() -> dict[str, abi.Signature]:
+    """The entry points of LR_TOPK_ENTRY_POINTS in topk_api.h, as the binding table would state them."""
+    macro = re.search(r"#define LR_TOPK_ENTRY_POINTS\(family\)((?:.*\\\n)*.*)", API_HEADER)
+    assert macro, "topk_api.h defines LR_TOPK_ENTRY_POINTS(family)"
+    body = " ".join(macro.group(1).replace("\\\n", " ").split())
+    found = {}
+    for ret, entry, params in re.findall(r"LR_EXPORT (.+?) lr_##family##_(\w+)\((.*?)\)", body):
+        args = []
+        for param in params.split(","):
+            typed = re.fullmatch(r"(.+?)\s*(\w+)", param.strip())
+            assert typed, f"lr_<family>_{entry}: unnamed parameter {param!r}"
+            args.append((typed.group(2), C_TYPES[typed.group(1)]))
+        found[entry] = abi.Signature(C_TYPES[ret], tuple(args))
+    return found
+
+
+def test_binding_table_matches_the_header_prototypes() -> None:
+    assert _header_prototypes() == abi.ENTRY_POINTS
+
+
+def test_header_declares_every_bundled_family() -> None:
+    assert sorted(re.findall(r"^LR_TOPK_ENTRY_POINTS\((\w+)\);", API_HEADER, re.M)) == build.kernel_names()
+
+
+def test_return_codes_dtypes_and_status_match_the_header() -> None:
+    constants = re.findall(r"\b(LR_\w+) = (\d+)u?\b", API_HEADER)
+    assert {name for name, _ in constants} >= {"LR_OK", "LR_EINVAL", "LR_EWORKSPACE", "LR_ELAUNCH", "LR_F32",
+                                               "LR_BF16", "LR_STATUS_NAN"}
+    for name, value in constants:
+        assert getattr(abi, name) == int(value), name
+    status = re.search(r"static_assert\(sizeof\(LrStatus\) == (\d+)", API_HEADER)
+    assert status and int(status.group(1)) == abi.STATUS_BYTES
+    assert set(abi.MESSAGES) == {int(v) for n, v in constants if n.startswith("LR_E")}
+    assert abi.describe(abi.LR_EWORKSPACE) == "workspace too small" and abi.describe(9) == "error 9"
+
+
+def test_typed_arguments_follow_the_table() -> None:
+    args = abi.typed("workspace_bytes", 4, 100, 8)
+    assert [type(a) for a in args] == [ctypes.c_int] * 3 and [a.value for a in args] == [4, 100, 8]
+    with pytest.raises(TypeError, match="takes 1 arguments"):
+        abi.typed("max_top_k", 0, 1)
+
+
+def test_library_without_the_entry_points_is_a_build_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build, "load", lambda name, arch=None: types.SimpleNamespace(_name="/cache/fake.so"))
+    abi.entry_points.cache_clear()
+    try:
+        with pytest.raises(build.BuildError, match="kernel native: /cache/fake.so lacks .*topk_api.h"):
+            abi.entry_points("native", "sm_90a")
+    finally:
+        abi.entry_points.cache_clear()
 
 
 def test_supports_explains_cpu_device() -> None:

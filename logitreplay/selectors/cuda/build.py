@@ -2,12 +2,13 @@
 
 Each kernel family is compiled by the machine's own `nvcc` into a torch-free shared library for the
 exact architecture of the device (sm_90a for compute capability 9.0, sm_100a for 10.0: the `a` targets
-allow the chip's own instructions), and called through `ctypes` with the C ABI documented in
-`common.cuh`. Why ctypes and not a torch C++ extension: a plain `nvcc` build of one `.cu` takes seconds
-while a torch extension compiles torch's headers (close to a minute), and the library does not depend on
-the C++ ABI of whichever torch is installed, so one build serves every torch of the same machine. Torch
-stays the caller: it owns the memory and passes raw device pointers and the current stream
-(`torch.cuda.current_stream().cuda_stream`), which keeps launches capturable in CUDA graphs.
+allow the chip's own instructions), and called through `ctypes` with the C interface of `topk_api.h`,
+bound in abi.py: this module only compiles, caches and loads. Why ctypes and not a torch C++ extension:
+a plain `nvcc` build of one `.cu` takes seconds while a torch extension compiles torch's headers (close
+to a minute), and the library does not depend on the C++ ABI of whichever torch is installed, so one
+build serves every torch of the same machine. Torch stays the caller: it owns the memory and passes raw
+device pointers and the current stream (`torch.cuda.current_stream().cuda_stream`), which keeps
+launches capturable in CUDA graphs.
 
 Builds are cached in a user cache directory (`LOGITREPLAY_CACHE`, else `$XDG_CACHE_HOME/logitreplay`,
 else `~/.cache/logitreplay`) under a hash of everything that determines the binary: the sources
@@ -30,17 +31,13 @@ from pathlib import Path
 
 import torch
 
-from logitreplay.selectors.base import SelectorError
+from logitreplay.errors import BuildError
 
 SOURCE_DIR = Path(__file__).resolve().parent
 FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo")
 DEFAULT_NVCC = Path("/usr/local/cuda/bin/nvcc")
 # Compute capabilities from 9.0 on have architecture-specific (`a`) targets.
 _FIRST_ARCH_SPECIFIC = 9
-
-
-class BuildError(SelectorError):
-    """The kernels cannot be built or loaded here (one line that says what to do)."""
 
 
 def kernel_names() -> list[str]:
@@ -115,12 +112,13 @@ def gencode(arch: str) -> str:
 
 
 def sources(name: str) -> list[Path]:
-    """The kernel's `.cu` and every header of this folder (any of them may be included)."""
+    """The kernel's `.cu` and every header of this folder (any of them may be included): what the cache
+    key hashes."""
     cu = SOURCE_DIR / f"{name}.cu"
     if not cu.is_file():
         known = ", ".join(kernel_names()) or "none"
         raise BuildError(f"kernel {name!r}: no {cu.name} in the package (bundled kernels: {known})")
-    return [cu, *sorted(SOURCE_DIR.glob("*.cuh"))]
+    return [cu, *sorted([*SOURCE_DIR.glob("*.cuh"), *SOURCE_DIR.glob("*.h")])]
 
 
 def cache_key(name: str, arch: str, nvcc_version: str, flags: tuple[str, ...] = FLAGS) -> str:
@@ -172,23 +170,9 @@ def build(name: str, arch: str | None = None) -> Path:
 
 @functools.cache
 def load(name: str, arch: str | None = None) -> ctypes.CDLL:
-    """The loaded library with the ABI's argument and result types declared (built if needed)."""
+    """The kernel's shared library, loaded (built first if not cached); abi.py binds its entry points."""
     path = build(name, arch)
     try:
-        lib = ctypes.CDLL(str(path))
+        return ctypes.CDLL(str(path))
     except OSError as e:
         raise BuildError(f"kernel {name}: cannot load {path} ({e}); delete it to rebuild") from None
-    p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
-    try:
-        topk = getattr(lib, f"lr_{name}_topk")
-        workspace = getattr(lib, f"lr_{name}_workspace_bytes")
-        max_k = getattr(lib, f"lr_{name}_max_top_k")
-    except AttributeError as e:
-        raise BuildError(f"kernel {name}: {path} lacks the C ABI of common.cuh ({e})") from None
-    topk.argtypes = [p, i, ll, p, p, i, i, p, ll, p, ll, p]
-    topk.restype = i
-    workspace.argtypes = [i, i, i, i]
-    workspace.restype = ll
-    max_k.argtypes = [i]
-    max_k.restype = i
-    return lib

@@ -1,33 +1,8 @@
-// Device primitives shared by the bundled top-k kernels (native.cu, deepselect.cu), and the C ABI they
-// export. Kept in one header, as DeepGEMM does, so that the parts both kernels need (order-preserving
-// keys, block histograms and scans, the shared-memory select of a candidate set, -1 tails, NaN
-// reporting) exist once and behave identically in both.
-//
-// ---------------------------------------------------------------------------------------------- C ABI
-// Every kernel family <name> ("native", "deepselect") is a torch-free shared library exporting:
-//
-//   extern "C" int lr_<name>_topk(const void* logits, int dtype /*0=f32,1=bf16*/, long long row_stride,
-//                                 const int* row_starts, const int* row_ends, int rows, int top_k,
-//                                 int* out, long long out_stride, void* workspace,
-//                                 long long workspace_bytes, cudaStream_t stream);
-//   extern "C" long long lr_<name>_workspace_bytes(int rows, int cols, int top_k, int dtype);
-//   extern "C" int lr_<name>_max_top_k(int dtype);
-//
-// Semantics of lr_<name>_topk (vLLM's top_k_per_row_prefill contract): for row r, write into
-// out[r * out_stride + 0 .. top_k) the indices, relative to row_starts[r], of the top_k largest of
-// logits[r * row_stride + row_starts[r] .. row_ends[r]), in any order; a row shorter than top_k gets
-// every valid index, then -1. `logits`, bounds, `out` and `workspace` are device pointers; bounds are
-// read on the device only (never on the host), and nothing is allocated, so one launch captured in a
-// CUDA graph stays valid when the bounds change in place. Cells outside a row's bounds are never read,
-// and nothing outside out[r * out_stride + 0 .. top_k) is written.
-//
-// `workspace` (>= lr_<name>_workspace_bytes, 256-byte aligned) starts with an LrStatus header that the
-// caller zeroes once (e.g. when allocating); kernels only OR flags into it (LR_STATUS_NAN: some row held
-// a NaN inside its bounds; the output of such a row is then unspecified but still in range). Reading it
-// is the caller's business (after a synchronize), so the launch itself never syncs.
-//
-// Return value: LR_OK, or one of the LR_E* codes below (checked on the host before launching, plus the
-// launch error, if any). A returned error means nothing was launched or the launch failed.
+// Device primitives shared by the bundled top-k kernels (native.cu, deepselect.cu), and the host-side
+// argument check of their C interface (declared and documented in topk_api.h). Kept in one header, as
+// DeepGEMM does, so that the parts both kernels need (order-preserving keys, block histograms and scans,
+// the shared-memory select of a candidate set, -1 tails, NaN reporting) exist once and behave
+// identically in both.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,25 +10,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#define LR_EXPORT extern "C" __attribute__((visibility("default")))
+#include "topk_api.h"
 
-enum LrError : int {
-  LR_OK = 0,
-  LR_EINVAL = 1,       // bad argument (dtype, rows < 0, top_k out of range, null pointer, stride)
-  LR_EWORKSPACE = 2,   // workspace smaller than lr_<name>_workspace_bytes
-  LR_ELAUNCH = 3,      // the kernel launch failed (cudaGetLastError)
-};
-
-enum LrDtype : int { LR_F32 = 0, LR_BF16 = 1 };
-
-enum LrStatusFlag : uint32_t { LR_STATUS_NAN = 1u };
-
-struct LrStatus {
-  uint32_t flags;
-  uint32_t reserved[63];  // pads the header to 256 bytes so what follows stays aligned
-};
-
-// The argument checks of the C ABI, made by every kernel's lr_<name>_topk before it launches anything.
+// The argument checks of topk_api.h, made by every family's lr_<family>_topk before it launches anything.
 inline int lr_check_args(const void* logits, int dtype, long long row_stride, const int* row_starts,
                          const int* row_ends, int rows, int top_k, int max_top_k, const int* out,
                          long long out_stride, const void* workspace, long long workspace_bytes) {

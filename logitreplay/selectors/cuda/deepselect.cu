@@ -27,12 +27,13 @@
 // rounds were no faster: the kernel is bound by its selects and barriers, not by load latency), which
 // is also why bulk (TMA) copies into shared memory were not pursued.
 //
-// ABI, workspace and status: see common.cuh.
+// Entry points, workspace and status: see topk_api.h.
 #include <cooperative_groups.h>
 
 #include <atomic>
 
 #include "common.cuh"
+#include "topk_api.h"
 
 namespace {
 

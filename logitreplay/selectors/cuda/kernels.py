@@ -1,9 +1,10 @@
 """The bundled CUDA kernels as selectors: `native` (histogram radix-select) and `deepselect`.
 
-Both speak the C ABI of `common.cuh`, so one binding serves both; they differ only in the library they
-load. `prepare` does every check and allocation (workspace, status header) up front; the launch it
-returns only passes raw pointers and the current stream to the library, so it never allocates or syncs
-and can be captured in a CUDA graph, which stays valid when the bounds change in place.
+Both implement the C interface of `topk_api.h`, bound once in abi.py, so one selector class serves both;
+they differ only in the library they load. `prepare` does every check and allocation (workspace, status
+header) up front; the launch it returns only passes raw pointers and the current stream to the library,
+so it never allocates or syncs and can be captured in a CUDA graph, which stays valid when the bounds
+change in place.
 """
 
 from __future__ import annotations
@@ -15,19 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from logitreplay.archive import Case
-from logitreplay.selectors.base import SelectorError
-from logitreplay.selectors.cuda import build
+from logitreplay.errors import KernelError, SelectorError
+from logitreplay.selectors.cuda import abi
 
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
-_CASE_DTYPE_CODE = {"float32": 0, "bfloat16": 1}
-_ERRORS = {1: "invalid argument", 2: "workspace too small", 3: "kernel launch failed"}
-_STATUS_NAN = 1
-# The ABI's status header: zeroed once here, flags OR-ed in by the kernels.
-_WORKSPACE_ALIGN = 256
-
-
-class KernelError(SelectorError):
-    """A bundled kernel refused its arguments or failed to launch."""
+_DTYPE_CODE = {getattr(torch, name): code for name, code in abi.DTYPES.items()}
 
 
 @dataclass
@@ -36,7 +28,7 @@ class KernelLaunch:
 
     kernel: str
     fn: Callable[..., int]
-    args: tuple[object, ...]  # every ABI argument but the stream
+    args: tuple[object, ...]  # every argument of lr_<family>_topk but the stream
     device: torch.device
     workspace: torch.Tensor  # kept alive as long as the launch (and any graph holding it)
     keep: tuple[torch.Tensor, ...]  # tensors whose pointers `args` holds
@@ -44,12 +36,12 @@ class KernelLaunch:
     def __call__(self) -> None:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         rc = self.fn(*self.args, ctypes.c_void_p(stream))
-        if rc != 0:
-            raise KernelError(f"kernel {self.kernel}: {_ERRORS.get(rc, f'error {rc}')}")
+        if rc != abi.LR_OK:
+            raise KernelError(f"kernel {self.kernel}: {abi.describe(rc)}")
 
     def nan_seen(self) -> bool:
         """Whether any launch so far met a NaN inside a row's bounds (synchronizes; not for timed code)."""
-        return bool(int(self.workspace[:4].view(torch.int32).item()) & _STATUS_NAN)
+        return bool(int(self.workspace[:4].view(torch.int32).item()) & abi.LR_STATUS_NAN)
 
 
 class CudaKernel:
@@ -57,17 +49,17 @@ class CudaKernel:
 
     name: str
 
-    def _lib(self) -> ctypes.CDLL:
-        return build.load(self.name)
+    def _entry_points(self) -> dict[str, Callable[..., int]]:
+        return abi.entry_points(self.name)
 
     def supports(self, case: Case, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "a CUDA kernel: needs a CUDA device"
         try:
-            lib = self._lib()
+            fns = self._entry_points()
         except SelectorError as e:
             return str(e)
-        max_k = int(getattr(lib, f"lr_{self.name}_max_top_k")(_CASE_DTYPE_CODE[case.dtype]))
+        max_k = int(fns["max_top_k"](abi.DTYPES[case.dtype]))
         if case.top_k > max_k:
             return f"top_k {case.top_k} > {max_k}, the most this kernel selects"
         return None
@@ -75,24 +67,22 @@ class CudaKernel:
     def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                 top_k: int, out: torch.Tensor) -> KernelLaunch:
         _check(self.name, logits, row_starts, row_ends, top_k, out)
-        lib = self._lib()
+        fns = self._entry_points()
         rows, cols = logits.shape
         dtype = _DTYPE_CODE[logits.dtype]
-        nbytes = int(getattr(lib, f"lr_{self.name}_workspace_bytes")(rows, cols, top_k, dtype))
-        # The caching allocator hands out 512-byte aligned blocks, which covers the ABI's 256.
-        workspace = torch.zeros(max(nbytes, _WORKSPACE_ALIGN), dtype=torch.uint8, device=logits.device)
-        args = (ctypes.c_void_p(logits.data_ptr()), ctypes.c_int(dtype), ctypes.c_longlong(logits.stride(0)),
-                ctypes.c_void_p(row_starts.data_ptr()), ctypes.c_void_p(row_ends.data_ptr()),
-                ctypes.c_int(rows), ctypes.c_int(top_k), ctypes.c_void_p(out.data_ptr()),
-                ctypes.c_longlong(out.stride(0)), ctypes.c_void_p(workspace.data_ptr()),
-                ctypes.c_longlong(workspace.numel()))
-        return KernelLaunch(self.name, getattr(lib, f"lr_{self.name}_topk"), args, logits.device, workspace,
-                            (logits, row_starts, row_ends, out))
+        nbytes = int(fns["workspace_bytes"](rows, cols, top_k, dtype))
+        # Zeroed here once: the status header the kernels OR flags into. The caching allocator hands out
+        # 512-byte aligned blocks, which covers the 256 bytes topk_api.h asks for.
+        workspace = torch.zeros(max(nbytes, abi.STATUS_BYTES), dtype=torch.uint8, device=logits.device)
+        args = abi.typed("topk", logits.data_ptr(), dtype, logits.stride(0), row_starts.data_ptr(),
+                         row_ends.data_ptr(), rows, top_k, out.data_ptr(), out.stride(0), workspace.data_ptr(),
+                         workspace.numel())
+        return KernelLaunch(self.name, fns["topk"], args, logits.device, workspace, (logits, row_starts, row_ends, out))
 
 
 def _check(name: str, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, top_k: int,
            out: torch.Tensor) -> None:
-    """The layout the ABI reads: unit column strides, int32 contiguous bounds, all on one CUDA device."""
+    """The layout lr_<family>_topk reads: unit column strides, int32 contiguous bounds, one CUDA device."""
 
     def bad(why: str) -> KernelError:
         return KernelError(f"kernel {name}: {why}")

@@ -13,10 +13,11 @@
 // x * 1e-8) land in one or two fp16 bins, so every pass funnels the row through a few shared-memory
 // atomics on one address and up to four passes read the row: about ten times slower, as upstream.
 //
-// ABI, workspace and status: see common.cuh.
+// Entry points, workspace and status: see topk_api.h.
 #include <climits>
 
 #include "common.cuh"
+#include "topk_api.h"
 
 namespace {
 
