@@ -41,7 +41,7 @@ from click.testing import CliRunner
 from logitreplay.archive import Archive, Case
 from logitreplay.capture.hf import HFRun, capture_hf
 from logitreplay.capture.hooks import IndexerCapture
-from logitreplay.capture.policy import Policy, Selection
+from logitreplay.capture.policy import Policy, PolicyState
 from logitreplay.capture.writer import CaptureWriter
 from logitreplay.cli import main as cli
 
@@ -90,7 +90,7 @@ def hook_cost_us(model: Any, device: torch.device, work: Path, calls: int = 2000
     args = (torch.randn(1, 1, config.hidden_size, device=device, dtype=dtype),
             torch.randn(1, 1, config.q_lora_rank, device=device, dtype=dtype), (rope, rope * 0),
             torch.ones(1, 1, 1, dtype=torch.bool, device=device), torch.zeros(1, 1, dtype=torch.long, device=device))
-    idle = IndexerCapture(CaptureWriter(work / "hook-cost.zarr", Selection(Policy.parse("max-cases=0"))))
+    idle = IndexerCapture(CaptureWriter(work / "hook-cost.zarr", PolicyState(Policy.parse("max-cases=0"))))
 
     def per_call() -> float:
         sync(device)
@@ -177,7 +177,7 @@ def main() -> None:
     model = model.to(device).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(1)
                         ).to(device)
-    idle = IndexerCapture(CaptureWriter(work / "idle.zarr", Selection(Policy())))
+    idle = IndexerCapture(CaptureWriter(work / "idle.zarr", PolicyState(Policy())))
     idle.attach(model)
     prefill(model, ids, args.chunk_size, device)  # warmup; fills the default policy: every later call is idle
     idle.detach()
@@ -192,7 +192,7 @@ def main() -> None:
         idle.detach()
         # A deep queue, so that the timing measures staging rather than drops when the disk is slower
         # than the GPU (drops are still counted and shown).
-        capture = IndexerCapture(CaptureWriter(work / f"round{r}.zarr", Selection(Policy.parse("every")),
+        capture = IndexerCapture(CaptureWriter(work / f"round{r}.zarr", PolicyState(Policy.parse("every")),
                                                max_pending=256, max_pending_bytes=32 << 30))
         capture.attach(model)
         times["capturing"].append(prefill(model, ids, args.chunk_size, device))

@@ -32,10 +32,16 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.datasets import synth
-from logitreplay.replay import verify
-from logitreplay.replay.engine import environment
-from logitreplay.replay.timing import TimingProtocol
-from logitreplay.replay.timing_cuda import sm_clock_mhz
+from logitreplay.replay import (
+    OutputBuffer,
+    TimingProtocol,
+    check_output,
+    environment,
+    expected_values,
+    measure_read_bandwidth,
+    sm_clock_mhz,
+    time_launches,
+)
 from logitreplay.selectors.cuda import build
 
 VARIANTS: dict[str, dict[str, int]] = {
@@ -113,10 +119,10 @@ def check_case(kernel: Kernel, case, failures: list[str]) -> None:
     logits = case.padded(device="cuda")
     starts = torch.from_numpy(case.row_starts).cuda()
     ends = torch.from_numpy(case.row_ends).cuda()
-    out = verify.OutputBuffer(case.rows, case.top_k, "cuda")
+    out = OutputBuffer(case.rows, case.top_k, "cuda")
     kernel.launcher(logits, starts, ends, case.top_k, out.view)()
-    expected = verify.expected_values(logits, starts, ends, case.top_k)
-    failures += [str(f) for f in verify.check_output(case, logits, starts, ends, out, expected)]
+    expected = expected_values(logits, starts, ends, case.top_k)
+    failures += [str(f) for f in check_output(case, logits, starts, ends, out, expected)]
 
 
 def check_graph_bounds_change(kernel: Kernel, case, failures: list[str]) -> None:
@@ -124,7 +130,7 @@ def check_graph_bounds_change(kernel: Kernel, case, failures: list[str]) -> None
     logits = case.padded(device="cuda")
     starts = torch.from_numpy(case.row_starts).cuda()
     ends = torch.from_numpy(case.row_ends).cuda()
-    out = verify.OutputBuffer(case.rows, case.top_k, "cuda")
+    out = OutputBuffer(case.rows, case.top_k, "cuda")
     launch = kernel.launcher(logits, starts, ends, case.top_k, out.view)
     launch()
     graph = torch.cuda.CUDAGraph()
@@ -139,9 +145,9 @@ def check_graph_bounds_change(kernel: Kernel, case, failures: list[str]) -> None
     logits.masked_fill_(~inside, 1e30)
     out.reset()
     graph.replay()
-    expected = verify.expected_values(logits, starts, ends, case.top_k)
+    expected = expected_values(logits, starts, ends, case.top_k)
     failures += ["graph replay after a bounds change: " + str(f)
-                 for f in verify.check_output(case, logits, starts, ends, out, expected)]
+                 for f in check_output(case, logits, starts, ends, out, expected)]
 
 
 def check_nan(kernel: Kernel, failures: list[str]) -> None:
@@ -203,8 +209,6 @@ def control_matrix(recipe: synth.Recipe, dtype: torch.dtype):
 
 def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingProtocol,
             failures: list[str]) -> list[dict]:
-    from logitreplay.replay.timing_cuda import measure_read_bandwidth, time_launches_cuda
-
     bandwidth = measure_read_bandwidth(torch.device("cuda"))
     rows = []
     for recipe in synth.recipes("seed-controls", "full"):
@@ -213,15 +217,15 @@ def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingP
             outs = {}
             launches = {}
             for name, k in [*kernels.items(), *([("native", native)] if native else [])]:
-                outs[name] = verify.OutputBuffer(recipe.rows, recipe.top_k, "cuda")
+                outs[name] = OutputBuffer(recipe.rows, recipe.top_k, "cuda")
                 launches[name] = k.launcher(logits, s, e, recipe.top_k, outs[name].view)
-            t = time_launches_cuda(launches, torch.device("cuda"), protocol)
+            t = time_launches(launches, torch.device("cuda"), protocol)
             # Verify the deepselect variants on this full-scale case too (checks 1-4).
-            expected = verify.expected_values(logits, s, e, recipe.top_k)
+            expected = expected_values(logits, s, e, recipe.top_k)
             # check_output reads only the case id from its case (the values were drawn here, not stored).
             label = cast(Case, SimpleNamespace(case_id=f"{recipe.case_id}-{'bf16' if dtype == torch.bfloat16 else 'fp32'}"))
             for name in kernels:
-                failures += [f"{name}: {f}" for f in verify.check_output(label, logits, s, e, outs[name], expected)]
+                failures += [f"{name}: {f}" for f in check_output(label, logits, s, e, outs[name], expected)]
             key = (recipe.distribution, recipe.cols, recipe.rows, recipe.top_k)
             up = UPSTREAM.get(key)
             rows.append({"case": recipe.case_id,

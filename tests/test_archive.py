@@ -12,7 +12,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logitreplay.archive import Archive, ArchiveError, Case
+from logitreplay.archive import Archive, Case
+from logitreplay.errors import ArchiveError
 
 
 @st.composite

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from logitreplay.archive import Archive, Case
 from logitreplay.capture import hooks
 from logitreplay.capture.hooks import IndexerCapture
-from logitreplay.capture.policy import Policy, Selection
+from logitreplay.capture.policy import Policy, PolicyState
 from logitreplay.capture.writer import CaptureWriter
 from logitreplay.cli import main
 from tests.test_capture_sync import DEVICES, held, no_host_sync
@@ -131,7 +131,7 @@ def _run(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | None = 
 
 def _capture_in_process(model: torch.nn.Module, out: Path, ids: torch.Tensor, mask: torch.Tensor | None,
                         policy: str = "every") -> tuple[IndexerCapture, list[Case]]:
-    capture = IndexerCapture(CaptureWriter(out, Selection(Policy.parse(policy))))
+    capture = IndexerCapture(CaptureWriter(out, PolicyState(Policy.parse(policy))))
     capture.attach(model)
     _run(model, ids, mask)
     capture.close()
@@ -169,7 +169,7 @@ def test_unwanted_calls_never_enter_the_function_mode(tmp_path: Path, monkeypatc
     entered = []
     real_enter = hooks._TopkRecorder.__enter__
     monkeypatch.setattr(hooks._TopkRecorder, "__enter__", lambda self: entered.append(1) or real_enter(self))
-    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("layers=1"))))
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("layers=1"))))
     capture.attach(model)
     ids = torch.randint(0, 128, (1, 24))
     plain = _run(_tiny("deepseek_v32"), ids)
@@ -183,7 +183,7 @@ def test_unwanted_calls_never_enter_the_function_mode(tmp_path: Path, monkeypatc
 def test_errors_inside_capture_never_reach_the_forward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     model = _tiny("deepseek_v32")
-    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every"))))
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every"))))
     capture.attach(model)
 
     def broken_submit(*args: Any, **kwargs: Any) -> bool:
@@ -201,7 +201,7 @@ def test_errors_inside_capture_never_reach_the_forward(tmp_path: Path, monkeypat
 
 def test_a_raising_forward_leaves_no_function_mode_behind(tmp_path: Path) -> None:
     model = _tiny("deepseek_v32")
-    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every"))))
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every"))))
     capture.attach(model)
     indexer = model.model.layers[0].self_attn.indexer
     hidden = torch.randn(1, 4, 32)
@@ -294,7 +294,7 @@ class ScoreTopk(torch.nn.Module):
 def test_modules_named_by_pattern_with_or_without_a_mask(tmp_path: Path) -> None:
     model = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([torch.nn.ModuleDict({"scorer": ScoreTopk()})])})
     scorer = model["blocks"][0]["scorer"]
-    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every"))))
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every"))))
     assert capture.attach(model, pattern=r"blocks\.\d+\.scorer", classes=()) == ["blocks.0.scorer"]
     g = torch.Generator().manual_seed(3)
     hidden, keys = torch.randn(1, 6, 8, generator=g), torch.randn(1, 10, 8, generator=g)
@@ -318,7 +318,7 @@ def test_capture_never_syncs_the_model_thread(device: str, policy: str, tmp_path
     """Boolean, additive and absent masks, wanted and refused calls: bounds, reference indices and staging
     all stay on the device; the writer reads them later, on its own thread."""
     model = torch.nn.ModuleDict({"scorer": ScoreTopk()})
-    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse(policy))))
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse(policy))))
     capture.attach(model, pattern="scorer", classes=())
     g = torch.Generator().manual_seed(4)
     hidden, keys = torch.randn(2, 6, 8, generator=g).to(device), torch.randn(2, 10, 8, generator=g).to(device)
@@ -347,7 +347,7 @@ def test_a_mask_with_holes_stops_capture_with_one_log_line(tmp_path: Path, caplo
     """The bounds are checked on the writer thread (reading them on the model's thread would be a sync):
     a row attending to a non-contiguous set of columns turns capture off there, never in the forward."""
     model = torch.nn.ModuleDict({"scorer": ScoreTopk()})
-    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every"))))
+    capture = IndexerCapture(CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every"))))
     capture.attach(model, pattern="scorer", classes=())
     hidden, keys = torch.randn(1, 3, 8), torch.randn(1, 10, 8)
     holes = torch.ones(1, 3, 10, dtype=torch.bool)
@@ -367,7 +367,7 @@ def test_a_mask_with_holes_stops_capture_with_one_log_line(tmp_path: Path, caplo
 
 def test_a_failing_disk_stops_capture_with_one_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model = _tiny("glm_moe_dsa")
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")))
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every")))
 
     def full_disk(case: Case, overwrite: bool = False) -> None:
         raise OSError(28, "No space left on device")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from logitreplay.capture.policy import Policy, PolicyError, Selection, parse_size
+from logitreplay.capture.policy import Policy, PolicyState, parse_size
+from logitreplay.errors import PolicyError
 
 
 def test_default_keeps_first_matrix_per_layer_and_width() -> None:
-    sel = Selection(Policy.parse(""))
+    sel = PolicyState(Policy.parse(""))
     assert sel.wants(0, 1024)
     sel.record(0, 1024, 100)
     assert not sel.wants(0, 1024)
@@ -22,13 +23,13 @@ def test_full_spec_round_trips_into_provenance() -> None:
 
 
 def test_filters_by_layer_and_width() -> None:
-    sel = Selection(Policy.parse("every,layers=1+3,min-width=100,max-width=200"))
+    sel = PolicyState(Policy.parse("every,layers=1+3,min-width=100,max-width=200"))
     assert [sel.wants(layer, 150) for layer in range(5)] == [False, True, False, True, False]
     assert not sel.wants(1, 99) and sel.wants(1, 100) and sel.wants(1, 200) and not sel.wants(1, 201)
 
 
 def test_budgets_stop_and_count_drops() -> None:
-    sel = Selection(Policy.parse("every,max-cases=2,max-bytes=1000"))
+    sel = PolicyState(Policy.parse("every,max-cases=2,max-bytes=1000"))
     assert sel.admit(0, 10, 400, single_request=True)
     sel.record(0, 10, 400)
     assert not sel.admit(0, 10, 700, single_request=True)  # would exceed the byte budget
@@ -41,7 +42,7 @@ def test_budgets_stop_and_count_drops() -> None:
 
 
 def test_single_request_only_skips_multi_request_chunks() -> None:
-    sel = Selection(Policy.parse("single-request"))
+    sel = PolicyState(Policy.parse("single-request"))
     assert not sel.admit(0, 10, 4, single_request=False)
     assert sel.skipped == {"multi_request": 1} and sel.dropped == {}
     assert sel.admit(0, 10, 4, single_request=True)

@@ -22,7 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from logitreplay.archive import Archive
-from logitreplay.capture.policy import Policy, Selection
+from logitreplay.capture.policy import Policy, PolicyState
 from logitreplay.capture.writer import CaptureWriter
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -104,7 +104,7 @@ def test_the_cpu_stand_in_refuses_what_syncs_on_cuda() -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_submit_stages_without_a_sync(device: str, tmp_path: Path) -> None:
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("single-request")))
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("single-request")))
     logits = torch.randn(64, 256, device=device)
     starts = torch.zeros(64, dtype=torch.int32, device=device)
     ends = torch.arange(193, 257, dtype=torch.int32, device=device)

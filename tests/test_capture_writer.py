@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from logitreplay.archive import Archive
-from logitreplay.capture.policy import Policy, Selection
+from logitreplay.capture.policy import Policy, PolicyState
 from logitreplay.capture.writer import CaptureWriter
 
 
@@ -53,7 +53,7 @@ def _hold(writer: CaptureWriter) -> threading.Event:
 
 def test_cases_are_written_exactly_with_provenance_and_summary(tmp_path: Path) -> None:
     out = tmp_path / "cap.zarr"
-    writer = CaptureWriter(out, Selection(Policy.parse("every")), rank=3)
+    writer = CaptureWriter(out, PolicyState(Policy.parse("every")), rank=3)
     root_before = (out / "zarr.json").read_text()
     logits, starts, ends = _matrix(8, 64)
     assert _submit(writer, logits, starts, ends)
@@ -82,7 +82,7 @@ def test_cases_are_written_exactly_with_provenance_and_summary(tmp_path: Path) -
 
 
 def test_the_model_may_overwrite_its_buffer_right_after_submit(tmp_path: Path) -> None:
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")))
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every")))
     logits, starts, ends = _matrix(16, 64)
     kept = logits.clone()
     assert _submit(writer, logits, starts, ends)
@@ -96,7 +96,7 @@ def test_the_model_may_overwrite_its_buffer_right_after_submit(tmp_path: Path) -
 def test_byte_budget_is_charged_by_the_whole_matrix_until_the_writer_knows(tmp_path: Path) -> None:
     """Admission sees only shapes: a matrix whose in-range cells would fit, but whose (rows, cols) does
     not, is dropped; what is kept is charged its exact in-range size once written."""
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every,max-bytes=1024")))
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every,max-bytes=1024")))
     release = _hold(writer)
     narrow = (torch.zeros(4, dtype=torch.int64), torch.full((4,), 8))
     assert not _submit(writer, torch.randn(4, 128), *narrow)  # 128 in-range bytes, 2048 charged
@@ -109,7 +109,7 @@ def test_byte_budget_is_charged_by_the_whole_matrix_until_the_writer_knows(tmp_p
 
 
 def test_single_request_is_decided_on_the_host_and_frees_the_shape(tmp_path: Path) -> None:
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("single-request")))
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("single-request")))
     logits = torch.randn(4, 16)
     assert not _submit(writer, logits, torch.zeros(4, dtype=torch.int64), torch.full((4,), 16), requests=2)
     assert writer.selection.skipped == {"multi_request": 1}  # the batch shape says so: refused at once
@@ -127,7 +127,7 @@ def test_single_request_is_decided_on_the_host_and_frees_the_shape(tmp_path: Pat
 
 def test_bounds_that_do_not_describe_a_row_fail_the_writer_once(tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")))
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every")))
     logits, starts, ends = torch.randn(3, 8), torch.tensor([0, 2, 0]), torch.tensor([4, 6, 8])
     attended = torch.tensor([4, 3, 8])  # row 1 attended 3 columns spread over [2, 6): not one range
     with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
@@ -143,7 +143,7 @@ def test_bounds_that_do_not_describe_a_row_fail_the_writer_once(tmp_path: Path,
 
 
 def test_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")), max_pending=1)
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every")), max_pending=1)
     entered, release = threading.Event(), threading.Event()
     real_write = writer.archive.write
 
@@ -166,14 +166,14 @@ def test_full_queue_drops_and_counts_without_blocking(tmp_path: Path) -> None:
 
 
 def test_pending_byte_limit_drops(tmp_path: Path) -> None:
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")), max_pending_bytes=16)
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every")), max_pending_bytes=16)
     logits = torch.randn(2, 64)
     assert not _submit(writer, logits, torch.tensor([0, 0]), torch.tensor([64, 64]))
     assert writer.close()["dropped"] == {"queue_full": 1}
 
 
 def test_write_error_is_logged_once_and_turns_capture_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    writer = CaptureWriter(tmp_path / "cap.zarr", Selection(Policy.parse("every")))
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("every")))
 
     def full_disk(case, overwrite=False):  # type: ignore[no-untyped-def]
         raise OSError(28, "No space left on device")
@@ -195,14 +195,14 @@ def test_write_error_is_logged_once_and_turns_capture_off(tmp_path: Path, caplog
 def test_writer_refuses_a_directory_that_is_not_an_archive(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(Exception, match="not an archive"):
-        CaptureWriter(tmp_path, Selection(Policy()))
+        CaptureWriter(tmp_path, PolicyState(Policy()))
 
 
 _CHILD = textwrap.dedent("""
     import sys, time, torch
-    from logitreplay.capture.policy import Policy, Selection
+    from logitreplay.capture.policy import Policy, PolicyState
     from logitreplay.capture.writer import CaptureWriter
-    writer = CaptureWriter(sys.argv[1], Selection(Policy.parse("every")))
+    writer = CaptureWriter(sys.argv[1], PolicyState(Policy.parse("every")))
     logits = torch.randn(512, 2048)
     starts = torch.zeros(512, dtype=torch.int64)
     ends = torch.full((512,), 2048)
@@ -240,7 +240,7 @@ def test_killed_capture_leaves_every_completed_case_readable(tmp_path: Path) -> 
 def test_writers_appending_to_one_archive_never_collide(tmp_path: Path) -> None:
     out = tmp_path / "cap.zarr"
     for _ in range(2):  # e.g. two runs of one script, or a restarted server whose worker got the same pid
-        writer = CaptureWriter(out, Selection(Policy.parse("every")))
+        writer = CaptureWriter(out, PolicyState(Policy.parse("every")))
         assert _submit(writer, *_matrix(4, 16))
         assert writer.close()["error"] is None
     assert len(Archive.open(out).case_ids()) == 2
@@ -249,9 +249,9 @@ def test_writers_appending_to_one_archive_never_collide(tmp_path: Path) -> None:
 
 _RANK = textwrap.dedent("""
     import sys, torch
-    from logitreplay.capture.policy import Policy, Selection
+    from logitreplay.capture.policy import Policy, PolicyState
     from logitreplay.capture.writer import CaptureWriter
-    writer = CaptureWriter(sys.argv[1], Selection(Policy.parse("every")), rank=int(sys.argv[2]))
+    writer = CaptureWriter(sys.argv[1], PolicyState(Policy.parse("every")), rank=int(sys.argv[2]))
     logits, starts, ends = torch.randn(4, 16), torch.zeros(4, dtype=torch.int64), torch.full((4,), 16)
     writer.submit(logits, starts, ends, None, top_k=4, row_stride=16, layer_index=0, layer_name="x",
                   requests=1, attrs={})

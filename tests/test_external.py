@@ -10,7 +10,8 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.selectors import external
-from logitreplay.selectors.base import Selector, available, build
+from logitreplay.selectors.base import Selector
+from logitreplay.selectors.registry import available, build
 
 CASE = Case.from_rows("c", np.zeros(8, np.float32), np.array([0, 4], np.int32), np.array([4, 8], np.int32),
                       top_k=2, cols=8)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from logitreplay.replay.engine import CaseResult, ReplayResult, SelectorResult
+from logitreplay.replay.protocol import Timing, TimingProtocol
 from logitreplay.replay.recommend import recommend
-from logitreplay.replay.timing import Timing, TimingProtocol
+from logitreplay.replay.results import CaseResult, ReplayResult, SelectorResult
 
 
 def _result(times: dict[int, tuple[float, float]]) -> ReplayResult:

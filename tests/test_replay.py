@@ -16,8 +16,8 @@ from click.testing import CliRunner, Result
 from logitreplay.archive import Archive
 from logitreplay.cli import main
 from logitreplay.datasets import synth
-from logitreplay.replay import report
-from logitreplay.replay.engine import ReplayResult
+from logitreplay.replay import results
+from logitreplay.replay.results import ReplayResult
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -103,9 +103,9 @@ def test_json_validates_and_round_trips_and_csv_plot_written(plugin_archive: str
               "--csv", str(table), "--plot", str(png))
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    jsonschema.validate(data, report.schema())
+    jsonschema.validate(data, results.schema())
     assert ReplayResult.from_json(data).to_json() == data
-    assert report.read_json(out) == ReplayResult.from_json(data)
+    assert results.read_json(out) == ReplayResult.from_json(data)
     assert data["environment"]["torch"] and data["protocol"]["timer"] == "wall"
     lines = list(csv.DictReader(table.open()))
     assert [(x["selector"], x["status"]) for x in lines] == [
@@ -117,7 +117,7 @@ def test_schema_rejects_a_malformed_result() -> None:
     jsonschema = pytest.importorskip("jsonschema")
     bad = {"schema": ReplayResult.SCHEMA, "device": "cpu"}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, report.schema())
+        jsonschema.validate(bad, results.schema())
 
 
 def test_nan_case_is_invalid_not_timed(tmp_path: Path) -> None:
@@ -146,7 +146,8 @@ def test_unusable_input_is_a_one_line_error(args: list[str], message: str) -> No
 
 
 def test_captured_case_source_and_fast_path() -> None:
-    from logitreplay.replay.engine import describe_source, fast_path
+    from logitreplay.replay.fast_path import fast_path
+    from logitreplay.replay.sources import describe_source
 
     case = plugins.plugin_case()
     case.attrs = {"model": "/models/tiny-dsv32", "layer_index": 3, "chunk": {"requests": 1}}

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from logitreplay.archive import Case
 from logitreplay.replay.engine import replay_case
-from logitreplay.replay.timing import TimingProtocol
-from logitreplay.selectors import models
-from logitreplay.selectors.base import build
+from logitreplay.replay.protocol import TimingProtocol
+from logitreplay.selectors import cpu_models as models
+from logitreplay.selectors.registry import build
 
 SELECTORS = ("reference", "native", "deepselect")
 ONCE = TimingProtocol(warmup=0, rounds=1, samples_per_round=1, l2="warm", timer="wall", graphs=False)

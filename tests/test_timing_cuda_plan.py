@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from logitreplay.replay.graph_check import changed_ends
-from logitreplay.replay.timing import TimingProtocol
+from logitreplay.replay.protocol import TimingProtocol
 from logitreplay.replay.timing_cuda import _schedule
 
 

@@ -1,4 +1,4 @@
-"""Verification (DESIGN checks 1-4) run directly: every deliberate bug is caught with its check and row,
+"""Verification (checks 1-4 of docs/design.md) run directly: every deliberate bug is caught with its check and row,
 correct selections with arbitrary tie-breaking pass, and NaN rows are found."""
 
 from __future__ import annotations

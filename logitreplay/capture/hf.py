@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from logitreplay.archive import one_line
-from logitreplay.capture.hooks import CaptureError, IndexerCapture
-from logitreplay.capture.policy import Policy, Selection
+from logitreplay.capture.hooks import IndexerCapture
+from logitreplay.capture.policy import Policy, PolicyState
 from logitreplay.capture.writer import CaptureWriter
+from logitreplay.errors import CaptureError, one_line
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SNAPSHOT = re.compile(r"[\\/]snapshots[\\/]([0-9a-f]{40})(?:[\\/]|$)")
@@ -82,7 +82,7 @@ def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -
     provenance.update({"engine": "transformers", "engine_version": transformers.__version__,
                        "torch_version": torch.__version__, "model_dtype": str(dtype).removeprefix("torch."),
                        "attn_implementation": run.attn_implementation})
-    writer = CaptureWriter(run.out, Selection(run.policy))
+    writer = CaptureWriter(run.out, PolicyState(run.policy))
     capture = IndexerCapture(writer, provenance)
     started = time.perf_counter()
     try:

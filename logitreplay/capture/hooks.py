@@ -39,6 +39,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from logitreplay.capture.writer import CaptureWriter
+from logitreplay.errors import CaptureError, LayoutError
 
 log = logging.getLogger("logitreplay.capture")
 
@@ -46,14 +47,6 @@ log = logging.getLogger("logitreplay.capture")
 INDEXER_CLASSES = ("DeepseekV32Indexer", "GlmMoeDsaIndexer")
 _TOPK = (torch.topk, torch.Tensor.topk)
 _LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
-
-
-class CaptureError(ValueError):
-    """The capture cannot be set up (no indexer found, a module without a mask argument, ...)."""
-
-
-class _LayoutError(RuntimeError):
-    """A tensor did not look like an indexer's score matrix or mask (disables the capture)."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +155,7 @@ class IndexerCapture:
             if mask is None:
                 positions = _argument(args, kwargs, site.positions_arg, "position_ids")
                 if not isinstance(positions, torch.Tensor):
-                    raise _LayoutError(f"{site.name}: forward got neither an attention_mask nor position_ids")
+                    raise LayoutError(f"{site.name}: forward got neither an attention_mask nor position_ids")
                 if not self.selection.wants_layer(site.layer_index):
                     return
                 width = None
@@ -171,7 +164,7 @@ class IndexerCapture:
                 if not self.selection.wants(site.layer_index, width):
                     return
             if not isinstance(hidden, torch.Tensor):
-                raise _LayoutError(f"{site.name}: forward got no hidden_states tensor")
+                raise LayoutError(f"{site.name}: forward got no hidden_states tensor")
             recorder = _TopkRecorder((int(hidden.shape[0]), int(hidden.shape[1]), width))
             recorder.__enter__()
             self._active = (site, recorder, mask, positions)
@@ -188,7 +181,7 @@ class IndexerCapture:
         try:
             _, recorder, mask, positions = active
             if recorder.scores is None or recorder.indices is None:
-                raise _LayoutError(f"{site.name}: no top-k over a {recorder.shape} score matrix in its forward")
+                raise LayoutError(f"{site.name}: no top-k over a {recorder.shape} score matrix in its forward")
             self._keep(site, recorder.scores, recorder.indices, mask, positions)
         except Exception as e:
             self._fail(f"{type(e).__name__}: {e}")
@@ -196,7 +189,7 @@ class IndexerCapture:
     def _keep(self, site: _Site, scores: torch.Tensor, indices: torch.Tensor, mask: torch.Tensor | None,
               positions: torch.Tensor | None) -> None:
         if scores.dtype not in (torch.float32, torch.bfloat16):
-            raise _LayoutError(f"{site.name}: score matrix is {scores.dtype}, expected float32 or bfloat16")
+            raise LayoutError(f"{site.name}: score matrix is {scores.dtype}, expected float32 or bfloat16")
         b, s, t = scores.shape
         attended = None
         if mask is not None:
@@ -249,20 +242,20 @@ def row_bounds(mask: torch.Tensor, shape: tuple[int, int, int], where: str
     """Per-row [start, end) of the attended columns of a [B, S, T] mask (broadcastable) and the number of
     attended columns, all on the mask's device and never read on the host (that would be a sync): a row
     whose attended columns are not one contiguous range has end - start != attended, which the writer
-    checks on the host. Raises `_LayoutError` for a mask whose dtype or shape does not fit."""
+    checks on the host. Raises `LayoutError` for a mask whose dtype or shape does not fit."""
     b, s, t = shape
     if mask.dtype == torch.bool:
         valid = mask
     elif mask.is_floating_point():
         valid = mask > torch.finfo(mask.dtype).min / 2
     else:
-        raise _LayoutError(f"{where}: attention mask of dtype {mask.dtype}, expected bool or float")
+        raise LayoutError(f"{where}: attention mask of dtype {mask.dtype}, expected bool or float")
     if mask.dim() == 4 and mask.shape[1] == 1:
         valid = valid[:, 0]
     try:
         valid = valid.expand(b, s, t).reshape(b * s, t)
     except RuntimeError:
-        raise _LayoutError(f"{where}: attention mask {tuple(mask.shape)} does not match scores {shape}") from None
+        raise LayoutError(f"{where}: attention mask {tuple(mask.shape)} does not match scores {shape}") from None
     counts = valid.sum(-1)
     as_int = valid.to(torch.uint8)
     starts = as_int.argmax(-1)
@@ -280,7 +273,7 @@ def causal_bounds(positions: torch.Tensor, shape: tuple[int, int, int], where: s
     try:
         ends = (positions.to(torch.int64) + 1).clamp(0, t).expand(b, s).reshape(b * s)
     except RuntimeError:
-        raise _LayoutError(f"{where}: position_ids {tuple(positions.shape)} do not match scores {shape}") from None
+        raise LayoutError(f"{where}: position_ids {tuple(positions.shape)} do not match scores {shape}") from None
     return torch.zeros_like(ends), ends
 
 

@@ -20,12 +20,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from logitreplay.errors import PolicyError
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-class PolicyError(ValueError):
-    """A capture policy specification that cannot be understood (one line, names the bad item)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class Policy:
 
 
 @dataclass
-class Selection:
+class PolicyState:
     """The running state of one policy in one process: what was taken and why the rest was not.
 
     `skipped` counts matrices the policy did not want after looking at them (e.g. a multi-request chunk
@@ -201,4 +199,4 @@ def _parse_layers(value: str) -> frozenset[int]:
     return frozenset(layers)
 
 
-__all__ = ["Policy", "PolicyError", "Selection", "parse_size"]
+__all__ = ["Policy", "PolicyError", "PolicyState", "parse_size"]

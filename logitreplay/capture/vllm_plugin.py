@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from logitreplay.capture.hooks import layer_number
-from logitreplay.capture.policy import Policy, Selection, parse_size
+from logitreplay.capture.policy import Policy, PolicyState, parse_size
 from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
 
 log = logging.getLogger("logitreplay.capture")
@@ -85,7 +85,7 @@ class VllmCapture:
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
                  provenance: dict[str, Any] | None = None) -> None:
         self.directory = directory
-        self.selection = Selection(policy)
+        self.selection = PolicyState(policy)
         self.ranks = ranks
         self.max_pending_bytes = max_pending_bytes
         self.provenance = dict(provenance or {})

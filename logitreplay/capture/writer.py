@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.archive import Archive, ArchiveError, Case, utc_now
-from logitreplay.capture.policy import Selection
+from logitreplay.archive import Archive, Case, utc_now
+from logitreplay.capture.policy import PolicyState
+from logitreplay.errors import ArchiveError
 
 log = logging.getLogger("logitreplay.capture")
 
@@ -69,7 +70,7 @@ class CaptureWriter:
     each only creates its own case groups and its own summary file, and never rewrites root attributes.
     """
 
-    def __init__(self, path: str | os.PathLike[str], selection: Selection, *, rank: int = 0,
+    def __init__(self, path: str | os.PathLike[str], selection: PolicyState, *, rank: int = 0,
                  max_pending: int = DEFAULT_MAX_PENDING,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
         self.path = Path(path)

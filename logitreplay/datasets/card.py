@@ -139,7 +139,7 @@ logitreplay pull {repo_id} --out {repo_id.split('/')[-1]}      # pinned to the c
 logitreplay export {url} --case <id> --out cases/   # one .safetensors per case
 ```
 
-## Selection contract
+## PolicyState contract
 
 {SELECTOR_SEMANTICS}
 

@@ -26,7 +26,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from logitreplay.archive import SCHEMA_VERSION, ArchiveError, Case, one_line
+from logitreplay.archive import SCHEMA_VERSION, Case
+from logitreplay.errors import ArchiveError, one_line
 
 METADATA_KEY = "logitreplay"
 # Accepted tensor names for files written by other tools, first match wins (vLLM calls the bounds ks/ke).

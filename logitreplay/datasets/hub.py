@@ -9,86 +9,34 @@ consolidated into the root `zarr.json`, so listing the cases remotely is one req
 `Archive.open("hf://datasets/org/name")` reads it in place: listing and attributes first, then only
 the byte ranges of the cases actually read.
 
-Every Hub location we record is pinned: `pin_url` resolves a branch or tag to its commit sha, so a report
+Every Hub location we record is pinned: `archive.remote.pin_url` resolves a branch or tag to its commit sha, so a report
 or a pulled copy names the exact bytes it used even after the repo moves on.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 
-from logitreplay.archive import CASE_ARRAYS, Archive, ArchiveError, chunk_shape, one_line, write_array
+from logitreplay.archive import CASE_ARRAYS, Archive, chunk_shape, write_array
+from logitreplay.archive.remote import hub_errors, pin_url, resolve_revision
 from logitreplay.datasets.card import build_card
+from logitreplay.errors import ArchiveError, one_line
 
 # The Hub's repository recommendations: fewer than 100k files per repo and 10k entries per folder, files
 # under 20 GB (older guidance said 5 GB, hence the 4 GiB shard cap).
 HUB_MAX_FILES = 100_000
 HUB_MAX_FOLDER_ENTRIES = 10_000
 MAX_SHARD_BYTES = 4 << 30
-_HF_URL = re.compile(r"^hf://(?P<type>datasets|models|spaces)/(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?(?P<path>/.*)?$")
-_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
-
-
-# ----------------------------------------------------------------------------------------- errors
-
-
-@contextlib.contextmanager
-def hub_errors(what: str) -> Iterator[None]:
-    """Turn huggingface_hub's exceptions into one-line `ArchiveError`s that say what to do.
-
-    Messages are ours, never the server's text or request headers, so a token can never be printed.
-    """
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    try:
-        yield
-    except HFValidationError as e:
-        raise ArchiveError(f"{what}: {one_line(e)}") from None
-    except OfflineModeIsEnabled:
-        raise ArchiveError(f"{what}: the Hub is unreachable in offline mode (HF_HUB_OFFLINE is set)") from None
-    except RevisionNotFoundError:
-        raise ArchiveError(f"{what}: revision not found") from None
-    except GatedRepoError:
-        raise ArchiveError(f"{what}: the repository is gated; request access on the Hub first") from None
-    except RepositoryNotFoundError:
-        raise ArchiveError(f"{what}: repository not found (or private and not visible with this token)") from None
-    except HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else None
-        if status == 401:
-            raise ArchiveError(f"{what}: the Hub refused the credentials (HTTP 401: token missing or invalid); "
-                               "set HF_TOKEN or run `hf auth login`") from None
-        if status == 403:
-            raise ArchiveError(f"{what}: the token lacks permission for this (HTTP 403)") from None
-        raise ArchiveError(f"{what}: the Hub answered HTTP {status}") from None
-    except LocalEntryNotFoundError:
-        raise ArchiveError(f"{what}: the Hub cannot be reached and nothing is cached") from None
-    except Exception as e:
-        # Transport failures (refused connection, timeout, DNS) come from the HTTP client's own types.
-        if isinstance(e, ConnectionError) or type(e).__module__.startswith(("httpx", "httpcore")):
-            raise ArchiveError(f"{what}: cannot reach the Hub ({type(e).__name__})") from None
-        raise
 
 
 # ------------------------------------------------------------------------------------ references
@@ -111,35 +59,6 @@ def parse_ref(ref: str, revision_allowed: bool = True) -> tuple[str, str | None]
     if revision and not revision_allowed:
         raise ArchiveError(f"{ref}: expected ORG/NAME without @REVISION (a push goes to the main branch)")
     return repo_id, revision or None
-
-
-def resolve_revision(repo_id: str, revision: str | None, repo_type: str = "dataset",
-                     token: str | None = None) -> str:
-    """The commit sha `revision` (default: main) points at now."""
-    from huggingface_hub import HfApi
-
-    where = f"{repo_type} {repo_id}" + (f"@{revision}" if revision else "")
-    with hub_errors(where):
-        sha = HfApi(token=token).repo_info(repo_id, repo_type=repo_type, revision=revision).sha
-    if sha is None:
-        raise ArchiveError(f"{where}: the Hub did not report a commit sha")
-    return sha
-
-
-def pin_url(url: str, token: str | None = None) -> str:
-    """`hf://datasets/org/name[@rev]/path` with `rev` replaced by the commit sha it resolves to now.
-
-    Reading through the pinned URL also keeps one archive read consistent if the repo is pushed to
-    meanwhile.
-    """
-    m = _HF_URL.match(url)
-    if m is None:
-        raise ArchiveError(f"{url}: expected hf://datasets/ORG/NAME[@REVISION]/PATH")
-    revision = unquote(m["rev"]) if m["rev"] else None
-    if revision is not None and _COMMIT_SHA.match(revision):
-        return url
-    sha = resolve_revision(m["repo"], revision, repo_type=m["type"][:-1], token=token)
-    return f"hf://{m['type']}/{m['repo']}@{sha}{m['path'] or ''}"
 
 
 # --------------------------------------------------------------------------------------- staging

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from logitreplay.archive import CASE_ARRAYS, Case, CaseInfo
-from logitreplay.selectors.models import f16_bin
+from logitreplay.selectors.cpu_models import f16_bin
 
 # Rows sampled for value statistics: enough for stable means, cheap on a 100k-column case.
 SAMPLE_ROWS = 64

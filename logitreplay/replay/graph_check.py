@@ -1,4 +1,4 @@
-"""DESIGN check 5: a CUDA graph captured once stays correct after the row bounds change in place.
+"""Check 5 (docs/design.md): a CUDA graph captured once stays correct after the row bounds change in place.
 
 Production captures the indexer's top-k in a CUDA graph and replays it with new metadata every step, so
 a selector that reads the bounds on the host, bakes them into launch parameters or sizes its grid from
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from logitreplay.replay.engine import Prepared
-from logitreplay.replay.verify import Failure, check_output, expected_values
+from logitreplay.replay.verify import Failure, Prepared, check_output, expected_values
 
 CHECK = 5
 NAME = "graph"

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import IO, Any
 
-from logitreplay.replay.engine import CaseResult, SelectorResult
-from logitreplay.replay.timing import TimingProtocol
+from logitreplay.replay.protocol import TimingProtocol
+from logitreplay.replay.results import CaseResult, SelectorResult
 
 _CASE, _RESULT = "@case ", "@result "
 
@@ -146,8 +146,9 @@ def _child() -> None:
     import torch
 
     from logitreplay.archive import Case
-    from logitreplay.replay.engine import case_header, device_checks, open_cases, replay
-    from logitreplay.selectors.base import build
+    from logitreplay.replay.engine import case_header, device_checks, replay
+    from logitreplay.replay.sources import open_cases
+    from logitreplay.selectors.registry import build
 
     job = Job(**json.loads(sys.stdin.read()))
     out = os.fdopen(os.dup(1), "w", buffering=1)

@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from logitreplay.replay.engine import CaseResult, ReplayResult
+from logitreplay.replay.results import CaseResult, ReplayResult
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Reports of a replay: a terminal table in the layout of the published captured-logits tables
 (logits columns | query rows | source | one column per selector | baseline/other ratios), the JSON
-that holds everything (validated by `report.schema.json`), a CSV of one line per case and selector, and
+(`results.py`, validated by `report.schema.json`), a CSV of one line per case and selector, and
 a PNG plot.
 
 A cell is the median time in microseconds when the selector was verified and timed, otherwise what
@@ -10,23 +10,15 @@ happened: `unsupported: <reason>`, `FAILED: check N (name) row R`, `ERROR: <exce
 from __future__ import annotations
 
 import csv
-import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from logitreplay.replay.engine import CaseResult, ReplayResult, SelectorResult
+from logitreplay.replay.results import CaseResult, ReplayResult, SelectorResult
 
 _CELL_CHARS = 48
-
-
-def schema() -> dict[str, Any]:
-    """The JSON Schema of `ReplayResult.to_json()` (kept next to this module, shipped with the package)."""
-    text = resources.files("logitreplay.replay").joinpath("report.schema.json").read_text()
-    return json.loads(text)
 
 
 def cell(res: SelectorResult | None) -> str:
@@ -56,7 +48,7 @@ def _source(case: CaseResult) -> str:
 
 def table(result: ReplayResult) -> Table:
     t = Table(title=f"{result.clock_label}: median us per call", title_justify="left",
-              caption=_protocol_line(result),
+              caption=result.protocol.describe(),
               caption_justify="left")
     t.add_column("logits cols", justify="right")
     t.add_column("query rows", justify="right")
@@ -89,15 +81,6 @@ def table(result: ReplayResult) -> Table:
     return t
 
 
-def _protocol_line(result: ReplayResult) -> str:
-    p = result.protocol
-    if result.device == "cpu":
-        return (f"warmup {p.warmup}, {p.rounds} alternating rounds x {p.samples_per_round} samples, "
-                "wall clock per call")
-    return (f"warmup {p.warmup}, {p.rounds} alternating rounds x {p.samples_per_round} samples, "
-            f"timer {p.timer}, L2 {p.l2}, CUDA graphs {'on' if p.graphs else 'off'}")
-
-
 def print_report(result: ReplayResult, console: Console) -> None:
     """The table, then every failure in full (check, case, row, example), every error, and the notes."""
     console.print(table(result))
@@ -110,14 +93,6 @@ def print_report(result: ReplayResult, console: Console) -> None:
                               highlight=False)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False)
-
-
-def write_json(result: ReplayResult, path: Path) -> None:
-    path.write_text(json.dumps(result.to_json(), indent=1, allow_nan=False) + "\n")
-
-
-def read_json(path: Path) -> ReplayResult:
-    return ReplayResult.from_json(json.loads(path.read_text()))
 
 
 CSV_FIELDS = ("case_id", "cols", "rows", "top_k", "dtype", "source", "selector", "status", "median_us",

@@ -12,14 +12,12 @@ or, with `timer="cupti"`, the summed device durations of the selector's own kern
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from logitreplay.replay.timing import Launch, Timing, TimingProtocol
+from logitreplay.replay.protocol import Timing, TimingProtocol
+from logitreplay.selectors.base import Launch
 
 # Writing this many L2 sizes evicts every line a case left there, whatever the replacement policy and
 # however large the case (a case larger than the L2 leaves at most one L2 of itself behind).
@@ -151,56 +149,3 @@ def measure_read_bandwidth(device: torch.device, nbytes: int = 2 << 30, repeats:
         del buf
     times.sort()
     return nbytes / times[len(times) // 2]
-
-
-def sm_clock_mhz(device: torch.device) -> int | None:
-    """The SM clock right now (pynvml, else nvidia-smi), or None where neither is available."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-    except Exception:  # no pynvml, or NVML not usable here: try the command line
-        pass
-    text = _smi_query(index, "clocks.sm")
-    try:
-        return None if text is None else int(text)
-    except ValueError:
-        return None
-
-
-def _driver_version(index: int) -> str | None:
-    return _smi_query(index, "driver_version")
-
-
-def _smi_query(index: int, field: str) -> str | None:
-    """One `nvidia-smi --query-gpu` field of GPU `index`, or None where nvidia-smi is missing or fails."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        text = subprocess.run([smi, "-i", str(index), f"--query-gpu={field}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = text.strip().splitlines()
-    return lines[0].strip() if lines and lines[0].strip() else None
-
-
-def gpu_environment(device: torch.device) -> dict[str, Any]:
-    """What a GPU timing depends on, for the report's JSON: GPU, driver, CUDA, torch, SM clock now."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(index)
-    return {
-        "gpu": props.name,
-        "compute_capability": f"{props.major}.{props.minor}",
-        "sm_count": props.multi_processor_count,
-        "l2_bytes": int(getattr(props, "L2_cache_size", 0)),
-        "memory_bytes": int(props.total_memory),
-        "driver": _driver_version(index),
-        "cuda_runtime": torch.version.cuda,
-        "torch": torch.__version__,
-        "sm_clock_mhz_start": sm_clock_mhz(torch.device("cuda", index)),
-    }

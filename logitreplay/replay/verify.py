@@ -1,4 +1,4 @@
-"""Verification of a selector's output against the selection semantics (DESIGN checks 1-4).
+"""Verification of a selector's output against the selection semantics (checks 1-4 of docs/design.md).
 
 Correctness is judged on the selected *values*, never on index sets, because ties at the k-th value may
 be broken either way. The output a selector writes is a strided view inside a wider buffer pre-filled
@@ -8,13 +8,14 @@ caught. Every check is whole-tensor (no loop over rows), so verification costs a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from logitreplay.archive import Case
+from logitreplay.selectors.base import Launch, Selector
 
 SENTINEL = -0x5A5A5A5A  # never a valid index nor -1: a slot still holding it was not written
 # Columns of sentinel around every output row, and one sentinel row above and below the view.
@@ -31,7 +32,7 @@ CHECKS = {
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed check: `check` is the DESIGN check number (5 is the GPU graph-replay check), `name`
+    """One failed check: `check` is the check number of docs/design.md (5 is the GPU graph-replay check), `name`
     its short name, `row` the first failing row (of the output view; for check 4 the row of the buffer
     row that was overwritten, -1 above the view), `detail` a concrete example from that row."""
 
@@ -43,13 +44,6 @@ class Failure:
 
     def __str__(self) -> str:
         return f"check {self.check} ({self.name}) failed on case {self.case_id}, row {self.row}: {self.detail}"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Failure:
-        return cls(int(d["check"]), str(d["name"]), str(d["case_id"]), int(d["row"]), str(d["detail"]))
 
 
 class OutputBuffer:
@@ -177,3 +171,21 @@ def nan_row(case: Case, device: torch.device | str = "cpu") -> int | None:
         return None
     first = int(nan.nonzero()[0, 0])
     return int(np.searchsorted(case.offsets, first, side="right")) - 1  # the row whose span holds it
+
+
+@dataclass
+class Prepared:
+    """A selector prepared on a case and verified once; what a device `extra_check` gets. `row_starts`
+    and `row_ends` are the very tensors `launch` reads, so a check may change them in place (and must
+    restore them)."""
+
+    case: Case
+    selector: Selector
+    launch: Launch
+    output: OutputBuffer
+    logits: torch.Tensor
+    row_starts: torch.Tensor
+    row_ends: torch.Tensor
+
+
+ExtraCheck = Callable[[Prepared], list[Failure]]

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from logitreplay.archive import ELEMENT_BYTES, Case, one_line
+from logitreplay.archive import ELEMENT_BYTES, Case
+from logitreplay.errors import one_line
 from logitreplay.selectors.base import Launch
 
 EXTERNAL: dict[str, str] = {

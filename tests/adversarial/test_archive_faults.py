@@ -14,8 +14,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from logitreplay.archive import Archive, ArchiveError, Case
+from logitreplay.archive import Archive, Case
 from logitreplay.cli import main
+from logitreplay.errors import ArchiveError
 
 GOOD, BAD = "good", "bad"
 

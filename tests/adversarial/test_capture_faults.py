@@ -18,13 +18,13 @@ from logitreplay.archive import Archive
 
 _WRITER = textwrap.dedent("""
     import json, resource, signal, sys, time, torch
-    from logitreplay.capture.policy import Policy, Selection
+    from logitreplay.capture.policy import Policy, PolicyState
     from logitreplay.capture.writer import CaptureWriter
     out, limit = sys.argv[1], int(sys.argv[2])
     if limit:  # a real refusal by the OS: writes past `limit` bytes per file fail with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    writer = CaptureWriter(out, Selection(Policy.parse("every")))
+    writer = CaptureWriter(out, PolicyState(Policy.parse("every")))
     for i in range(int(sys.argv[3])):
         cols = 64 if i < 4 else 65536  # four small cases, then cases whose chunks exceed the limit
         logits = torch.randn(16, cols)

@@ -12,8 +12,8 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.replay.engine import CaseResult, replay_case
-from logitreplay.replay.timing import TimingProtocol
-from logitreplay.selectors.base import build
+from logitreplay.replay.protocol import TimingProtocol
+from logitreplay.selectors.registry import build
 
 K = 16
 COLS = 256

@@ -1,4 +1,4 @@
-"""The check every GPU kernel test runs: DESIGN checks 1-4 on one launch into a strided, sentinel-padded
+"""The check every GPU kernel test runs: checks 1-4 of docs/design.md on one launch into a strided, sentinel-padded
 output view, then check 5 (a CUDA graph replayed after the row ends changed in place)."""
 
 from __future__ import annotations
@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 
 from logitreplay.archive import Case
-from logitreplay.replay.engine import Prepared
 from logitreplay.replay.graph_check import graph_replay_check
-from logitreplay.replay.verify import Failure, OutputBuffer, check_output, expected_values
+from logitreplay.replay.verify import Failure, OutputBuffer, Prepared, check_output, expected_values
 from logitreplay.selectors.base import Selector
 
 

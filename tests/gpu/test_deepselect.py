@@ -1,7 +1,7 @@
 """The DeepSelect kernel on a real GPU, beyond the checks every bundled kernel gets (test_gpu_kernels.py):
 every stress shape in both dtypes, each top_k class and its edges, rows around top_k, starts that are not
 16-byte aligned, inputs whose order defeats a sequential scan, heavy ties and infinities, strided
-outputs, and a graph replayed after the bounds change. Correctness is DESIGN checks 1-5: the selected
+outputs, and a graph replayed after the bounds change. Correctness is checks 1-5 of docs/design.md: the selected
 values' multiset equals torch.topk's, nothing outside the output view is written."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The bundled CUDA kernels on a real GPU: DESIGN checks 1-5 on every stress and control shape, fp32 and
+"""The bundled CUDA kernels on a real GPU: checks 1-5 of docs/design.md on every stress and control shape, fp32 and
 bf16, rows shorter than top_k, non-zero starts, padded row strides, strided outputs, poisoned (even NaN)
 cells outside the bounds, graph replay after a bounds change, and NaN reporting."""
 

@@ -8,8 +8,14 @@ import math
 import pytest
 import torch
 
-from logitreplay.replay.timing import TimingProtocol, time_launches
-from logitreplay.replay.timing_cuda import flush_buffer, gpu_environment, measure_read_bandwidth, sm_clock_mhz
+from logitreplay.replay import (
+    TimingProtocol,
+    environment,
+    measure_read_bandwidth,
+    sm_clock_mhz,
+    time_launches,
+)
+from logitreplay.replay.timing_cuda import flush_buffer
 from logitreplay.selectors.cuda.kernels import NativeCuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -50,7 +56,7 @@ def test_flush_buffer_covers_four_l2() -> None:
 
 
 def test_environment_and_bandwidth_are_recorded() -> None:
-    env = gpu_environment(DEVICE)
+    env = environment(DEVICE)
     assert env["gpu"] and env["torch"] == torch.__version__ and env["cuda_runtime"] == torch.version.cuda
     assert env["sm_count"] > 0 and env["l2_bytes"] > 0
     clock = sm_clock_mhz(DEVICE)

@@ -12,10 +12,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from logitreplay.archive import Archive, ArchiveError, Case
-from logitreplay.cli import progress, user_errors
+from logitreplay.archive import Archive, Case
+from logitreplay.cli.common import progress, user_errors
 from logitreplay.datasets import synth
 from logitreplay.datasets.summary import summarize
+from logitreplay.errors import ArchiveError
 
 
 @click.command("synth")
@@ -76,7 +77,7 @@ def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool, work: b
 def _work(case: Case | None) -> dict[str, float] | None:
     """The models' work counters; None for incomplete cases and cases with NaN (invalid input)."""
     from logitreplay.replay.verify import nan_row
-    from logitreplay.selectors.models import case_work
+    from logitreplay.selectors.cpu_models import case_work
 
     if case is None or nan_row(case) is not None:
         return None

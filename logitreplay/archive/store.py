@@ -1,265 +1,32 @@
-"""The shared data model: a *case* (one top-k selection problem exactly as a kernel saw it) and the
-zarr v3 *archive* that stores many of them.
+"""The archive: a zarr v3 group `cases/<case_id>/...` of cases, on disk, in a zip, or behind any fsspec URL.
 
-Every stage reads or writes this module and nothing else of the others: capture produces `Case`s and
-writes them with `Archive.write`, replay iterates `Archive` and rebuilds kernel inputs with
-`Case.padded`. Only the in-range part of each row is data (vLLM leaves the rest of the logits buffer
-uninitialized), so values are stored ragged; `padded` rebuilds the source matrix with the recorded
-row stride and poisons everything outside the bounds, so an out-of-bounds read is caught by verification.
+Every stage reads or writes archives through this module: capture writes `Case`s with `Archive.write`,
+replay iterates an `Archive`. A case group is marked `complete` only after all of its arrays are
+written, so a killed writer leaves an incomplete case that readers list as such and never read as data.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import time
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+
+from logitreplay.archive.case import CASE_ARRAYS, DTYPES, Case, sha256_of
+from logitreplay.errors import ArchiveError, one_line
 
 SCHEMA_VERSION = 1
-DTYPES = ("float32", "bfloat16")
-# What each logical dtype is stored as: numpy has no bfloat16, so its raw bits are kept as uint16.
-_STORAGE_DTYPE: dict[str, np.dtype[Any]] = {"float32": np.dtype("<f4"), "bfloat16": np.dtype("<u2")}
-_TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# Bytes of one logit of each logical dtype, as a kernel reads it.
-ELEMENT_BYTES = {name: dt.itemsize for name, dt in _STORAGE_DTYPE.items()}
-CASE_ARRAYS = ("values", "offsets", "row_starts", "row_ends", "reference_indices")
 # 4 Mi elements per chunk: big enough that per-chunk overhead vanishes, small enough to stream.
 _CHUNK = 1 << 22
-_MAX_INDEX = 2**31 - 1
 
 
-class ArchiveError(ValueError):
-    """A one-line, user-facing error about an archive or a case (names the case and the field)."""
-
-
-@dataclass
-class Case:
-    """One selection problem: row r selects the `top_k` largest of `logits[r, row_starts[r]:row_ends[r]]`.
-
-    `values` holds the in-range logits of every row concatenated (float32, or bfloat16 as raw uint16
-    bits); row r is `values[offsets[r]:offsets[r + 1]]`. `attrs` is the JSON provenance (model and
-    revision, engine, layer, chunk facts, synthetic recipe, ...).
-    """
-
-    case_id: str
-    values: np.ndarray
-    offsets: np.ndarray
-    row_starts: np.ndarray
-    row_ends: np.ndarray
-    top_k: int
-    cols: int
-    row_stride: int
-    dtype: str = "float32"
-    reference_indices: np.ndarray | None = None
-    attrs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rows(self) -> int:
-        return int(self.row_starts.shape[0])
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return (self.row_ends.astype(np.int64) - self.row_starts.astype(np.int64))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of valid logits: what a selector must read at least once."""
-        return int(self.values.nbytes)
-
-    @classmethod
-    def from_rows(
-        cls,
-        case_id: str,
-        values: np.ndarray | torch.Tensor,
-        row_starts: np.ndarray | torch.Tensor,
-        row_ends: np.ndarray | torch.Tensor,
-        *,
-        top_k: int,
-        cols: int,
-        row_stride: int | None = None,
-        reference_indices: np.ndarray | torch.Tensor | None = None,
-        attrs: dict[str, Any] | None = None,
-    ) -> Case:
-        """Build a case from already-ragged values (as capture stages them); offsets are derived."""
-        v = _to_numpy(values)
-        dtype = _logical_dtype(values)
-        starts = _to_numpy(row_starts).astype(np.int32)
-        ends = _to_numpy(row_ends).astype(np.int32)
-        offsets = np.zeros(starts.shape[0] + 1, dtype=np.int64)
-        np.cumsum(ends.astype(np.int64) - starts.astype(np.int64), out=offsets[1:])
-        ref = None if reference_indices is None else _to_numpy(reference_indices).astype(np.int32)
-        case = cls(case_id, v.reshape(-1), offsets, starts, ends, int(top_k), int(cols),
-                   int(row_stride if row_stride is not None else cols), dtype, ref, dict(attrs or {}))
-        case.validate()
-        return case
-
-    @classmethod
-    def from_matrix(
-        cls,
-        case_id: str,
-        logits: np.ndarray | torch.Tensor,
-        row_starts: np.ndarray | torch.Tensor,
-        row_ends: np.ndarray | torch.Tensor,
-        *,
-        top_k: int,
-        row_stride: int | None = None,
-        reference_indices: np.ndarray | torch.Tensor | None = None,
-        attrs: dict[str, Any] | None = None,
-    ) -> Case:
-        """Keep only the in-range cells of a (rows, cols) matrix; the rest is not data."""
-        t = logits if isinstance(logits, torch.Tensor) else _numpy_to_torch(np.asarray(logits))
-        if t.dim() != 2:
-            raise ArchiveError(f"case {case_id}: field logits: expected a 2-D matrix, got shape {tuple(t.shape)}")
-        starts = torch.as_tensor(_to_numpy(row_starts), dtype=torch.int64)
-        ends = torch.as_tensor(_to_numpy(row_ends), dtype=torch.int64)
-        _check_bounds(case_id, starts.numpy(), ends.numpy(), t.shape[1])
-        values = gather_rows(t.detach().cpu(), starts, ends)
-        stride = row_stride if row_stride is not None else (t.stride(0) if t.shape[0] > 1 else t.shape[1])
-        return cls.from_rows(case_id, values, starts, ends, top_k=top_k, cols=t.shape[1], row_stride=stride,
-                             reference_indices=reference_indices, attrs=attrs)
-
-    def validate(self) -> None:
-        """Raise `ArchiveError` naming the case and field unless every invariant of the format holds."""
-        cid = self.case_id
-
-        def bad(fieldname: str, why: str) -> ArchiveError:
-            return ArchiveError(f"case {cid}: field {fieldname}: {why}")
-
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.values.dtype != _STORAGE_DTYPE[self.dtype] or self.values.ndim != 1:
-            raise bad("values", f"expected 1-D {_STORAGE_DTYPE[self.dtype]} for dtype {self.dtype}, "
-                                f"got {self.values.ndim}-D {self.values.dtype}")
-        if not isinstance(self.top_k, int) or self.top_k < 1 or self.top_k > _MAX_INDEX:
-            raise bad("top_k", f"must be an integer in [1, 2^31), got {self.top_k!r}")
-        if self.cols < 0 or self.cols > _MAX_INDEX:
-            raise bad("cols", f"must be in [0, 2^31), got {self.cols}")
-        if self.row_stride < self.cols or self.row_stride > _MAX_INDEX:
-            raise bad("row_stride", f"must be in [cols={self.cols}, 2^31), got {self.row_stride}")
-        for name in ("row_starts", "row_ends"):
-            arr = getattr(self, name)
-            if arr.dtype != np.int32 or arr.ndim != 1:
-                raise bad(name, f"expected 1-D int32, got {arr.ndim}-D {arr.dtype}")
-        if self.row_ends.shape != self.row_starts.shape:
-            raise bad("row_ends", f"has {self.row_ends.shape[0]} rows, row_starts has {self.row_starts.shape[0]}")
-        _check_bounds(cid, self.row_starts, self.row_ends, self.cols)
-        if self.offsets.dtype != np.int64 or self.offsets.shape != (self.rows + 1,):
-            raise bad("offsets", f"expected int64 of shape ({self.rows + 1},), got {self.offsets.dtype} "
-                                 f"{self.offsets.shape}")
-        if self.offsets[0] != 0 or not np.array_equal(np.diff(self.offsets), self.lengths):
-            r = int(np.argmax(np.diff(self.offsets) != self.lengths)) if self.rows else 0
-            raise bad("offsets", f"inconsistent with row bounds (first at row {r})")
-        if self.values.shape[0] != self.offsets[-1]:
-            raise bad("values", f"holds {self.values.shape[0]} elements, offsets say {int(self.offsets[-1])}")
-        if self.reference_indices is not None:
-            ref = self.reference_indices
-            if ref.dtype != np.int32 or ref.shape != (self.rows, self.top_k):
-                raise bad("reference_indices", f"expected int32 ({self.rows}, {self.top_k}), "
-                                               f"got {ref.dtype} {ref.shape}")
-        try:
-            json.dumps(self.attrs, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise bad("attrs", f"not a JSON object: {e}") from None
-
-    def torch_values(self) -> torch.Tensor:
-        """The ragged values as a torch tensor of the logical dtype (zero-copy)."""
-        return _numpy_to_torch(self.values, self.dtype)
-
-    def row(self, r: int) -> torch.Tensor:
-        return self.torch_values()[int(self.offsets[r]):int(self.offsets[r + 1])]
-
-    def sha256(self) -> str:
-        return _sha256(self.values)
-
-    def padded(
-        self,
-        row_stride: int | None = None,
-        poison: float = 1e30,
-        device: str | torch.device = "cpu",
-    ) -> torch.Tensor:
-        """The (rows, cols) logits matrix as the kernel saw it: a view with stride(0) == row_stride.
-
-        Cells outside `[start, end)` hold `poison` (a huge finite by default, NaN on request), so a
-        selector that reads out of bounds returns values the reference never selects.
-        """
-        stride = self.row_stride if row_stride is None else int(row_stride)
-        if stride < self.cols:
-            raise ArchiveError(f"case {self.case_id}: field row_stride: {stride} < cols {self.cols}")
-        storage = torch.full((max(self.rows, 1) * stride,), poison, dtype=_TORCH_DTYPE[self.dtype], device=device)
-        if self.values.size:
-            dev = storage.device
-            lengths = torch.from_numpy(self.lengths).to(dev)
-            rows = torch.repeat_interleave(torch.arange(self.rows, device=dev), lengths)
-            offsets = torch.from_numpy(self.offsets).to(dev)
-            starts = torch.from_numpy(self.row_starts.astype(np.int64)).to(dev)
-            pos = torch.arange(self.values.shape[0], device=dev) - offsets[rows] + starts[rows]
-            storage[rows * stride + pos] = self.torch_values().to(dev)
-        return storage.as_strided((self.rows, self.cols), (stride, 1))
-
-
-def gather_rows(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """Concatenate `logits[r, starts[r]:ends[r]]` over rows without a Python loop (any device)."""
-    dev = logits.device
-    starts = starts.to(dev, torch.int64)
-    lengths = ends.to(dev, torch.int64) - starts
-    total = int(lengths.sum())
-    if total == 0:
-        return logits.new_empty((0,))
-    rows = torch.repeat_interleave(torch.arange(logits.shape[0], device=dev), lengths)
-    first = torch.cumsum(lengths, 0) - lengths
-    cols = torch.arange(total, device=dev) - first[rows] + starts[rows]
-    return logits[rows, cols]
-
-
-def _check_bounds(cid: str, starts: np.ndarray, ends: np.ndarray, cols: int) -> None:
-    for name, cond in (("row_starts", starts < 0), ("row_ends", ends < starts), ("row_ends", ends > cols)):
-        if cond.any():
-            r = int(np.argmax(cond))
-            raise ArchiveError(f"case {cid}: field {name}: row {r} violates 0 <= start <= end <= cols "
-                               f"(start={int(starts[r])}, end={int(ends[r])}, cols={cols})")
-
-
-def _logical_dtype(x: np.ndarray | torch.Tensor) -> str:
-    if isinstance(x, torch.Tensor):
-        if x.dtype == torch.bfloat16:
-            return "bfloat16"
-        if x.dtype == torch.float32:
-            return "float32"
-        raise ArchiveError(f"field values: dtype {x.dtype} is not one of {', '.join(DTYPES)}")
-    if x.dtype == np.float32:
-        return "float32"
-    raise ArchiveError(f"field values: numpy dtype {x.dtype} is not float32 (pass bfloat16 as a torch tensor)")
-
-
-def _to_numpy(x: np.ndarray | torch.Tensor) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().contiguous()
-        if x.dtype == torch.bfloat16:
-            return x.view(torch.int16).numpy().view(np.uint16)
-        return x.numpy()
-    return np.ascontiguousarray(x)
-
-
-def _numpy_to_torch(a: np.ndarray, dtype: str = "float32") -> torch.Tensor:
-    if dtype == "bfloat16":
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def _sha256(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).data).hexdigest()
-
-
-# --------------------------------------------------------------------------------------------- archive
 
 
 @dataclass(frozen=True)
@@ -369,7 +136,7 @@ class Archive:
                 if mode != "r":
                     raise ArchiveError(f"{loc}: remote archives are read-only")
                 if loc.startswith("hf://"):
-                    from logitreplay.datasets.hub import pin_url
+                    from logitreplay.archive.remote import pin_url
 
                     loc = pin_url(loc)  # read, and record in `location`, one commit, not a moving branch
                 store = zarr.storage.FsspecStore.from_url(loc, storage_options=storage_options, read_only=True)
@@ -487,7 +254,7 @@ class Archive:
         want = checksums.get(name)
         if want is None:
             raise ArchiveError(f"case {case_id}: field {name}: no checksum recorded")
-        if _sha256(data) != want:
+        if sha256_of(data) != want:
             raise ArchiveError(f"case {case_id}: field {name}: checksum error: sha256 mismatch "
                                "(damaged or missing chunk)")
         return data
@@ -513,7 +280,7 @@ class Archive:
             if data is None:
                 continue
             write_array(grp, name, data)
-            checksums[name] = _sha256(data)
+            checksums[name] = sha256_of(data)
         grp.attrs.update({
             "schema_version": SCHEMA_VERSION,
             "rows": case.rows,
@@ -574,13 +341,3 @@ def _child_names(group: Any) -> list[str]:
 def utc_now() -> str:
     """The current UTC time, as every timestamp in an archive is written (`2026-01-31T12:00:00Z`)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def one_line(e: BaseException, limit: int | None = 200) -> str:
-    """The message of `e` on one line (every run of whitespace one space), cut to `limit` characters
-    (None: whole): user-facing errors are one line."""
-    return " ".join(str(e).split())[:limit]
-
-
-__all__ = ["SCHEMA_VERSION", "DTYPES", "ELEMENT_BYTES", "ArchiveError", "Case", "CaseInfo", "Archive",
-           "gather_rows", "one_line", "utc_now"]

@@ -10,10 +10,9 @@ from typing import Any
 
 import click
 
-from logitreplay.archive import one_line
-from logitreplay.capture.hooks import CaptureError
-from logitreplay.capture.policy import Policy, PolicyError
-from logitreplay.cli import user_errors
+from logitreplay.capture.policy import Policy
+from logitreplay.cli.common import user_errors
+from logitreplay.errors import CaptureError, one_line
 
 
 @click.group("capture")
@@ -61,8 +60,8 @@ def hf_cmd(model: str, revision: str | None, prompts: Path | None, random_tokens
                     context_len=context_len, chunk_size=chunk_size, device=device, dtype=dtype,
                     attn_implementation=attn_implementation, policy=policy, seed=seed)
         summary = _with_progress(run, capture_hf, quiet=as_json)
-    except (CaptureError, PolicyError, UnicodeDecodeError) as e:
-        raise click.ClickException(one_line(e, None)) from None
+    except UnicodeDecodeError as e:  # a prompts file that is not UTF-8
+        raise click.ClickException(f"{prompts}: {one_line(e, None)}") from None
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:

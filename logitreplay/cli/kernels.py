@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import click
 
-from logitreplay.cli import user_errors
+from logitreplay.cli.common import user_errors
 from logitreplay.selectors.cuda import build
 
 

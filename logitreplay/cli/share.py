@@ -12,11 +12,12 @@ from pathlib import Path
 
 import click
 
-from logitreplay.archive import Archive, ArchiveError
-from logitreplay.cli import user_errors
+from logitreplay.archive import Archive
+from logitreplay.cli.common import user_errors
 from logitreplay.datasets import hub
 from logitreplay.datasets.card import build_card
 from logitreplay.datasets.export import case_id_of, export_case, read_file
+from logitreplay.errors import ArchiveError
 
 
 def _progress_only_on_terminal() -> None:

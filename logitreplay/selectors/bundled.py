@@ -1,6 +1,6 @@
 """The built-in `native` and `deepselect` selectors: one name, the right implementation per device.
 
-On CPU they run the algorithm models of `models.py` (so replay works on any machine and reports the
+On CPU they run the algorithm models of `cpu_models.py` (so replay works on any machine and reports the
 work each algorithm does); on CUDA they delegate to the bundled kernels of `selectors/cuda/`. The kernel
 module is imported, and its kernels built, only when a CUDA device is first asked for, so that a machine
 without nvcc or a GPU never pays for it; when that fails, `supports` says why instead of raising, and
@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from logitreplay.archive import Case, one_line
-from logitreplay.selectors import models
+from logitreplay.archive import Case
+from logitreplay.errors import one_line
+from logitreplay.selectors import cpu_models
 from logitreplay.selectors.base import Launch, Selector
 
 Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, object]]
@@ -66,9 +67,9 @@ class Dispatched:
 
 def native() -> Dispatched:
     """vLLM's prefill histogram radix-select: CPU model or bundled CUDA kernel."""
-    return Dispatched("native", models.native_topk, "NativeCuda")
+    return Dispatched("native", cpu_models.native_topk, "NativeCuda")
 
 
 def deepselect() -> Dispatched:
     """DeepSelect's rising-threshold single pass: CPU model or bundled CUDA kernel."""
-    return Dispatched("deepselect", models.deepselect_topk, "DeepSelectCuda")
+    return Dispatched("deepselect", cpu_models.deepselect_topk, "DeepSelectCuda")

@@ -10,18 +10,25 @@ import click
 import torch
 from rich.console import Console
 
-from logitreplay.archive import ArchiveError, Case
-from logitreplay.cli import progress, user_errors
+from logitreplay.archive import Case
+from logitreplay.cli.common import progress, user_errors
 from logitreplay.datasets import synth
-from logitreplay.replay import report
-from logitreplay.replay.engine import CaseResult, ReplayResult, device_checks, environment, open_cases, replay
-from logitreplay.replay.timing import TimingProtocol
-from logitreplay.selectors.base import Launch, Selector, SelectorError, available, build, load_factory
+from logitreplay.errors import ArchiveError, SelectorError
+from logitreplay.replay import (
+    CaseResult,
+    ReplayResult,
+    TimingProtocol,
+    device_checks,
+    environment,
+    open_cases,
+    replay,
+    report,
+    write_json,
+)
+from logitreplay.replay.protocol import CPU_ROUNDS, CPU_WARMUP
+from logitreplay.selectors import Launch, Selector, available, build, load_factory
 
 DEFAULT_SELECTORS = "reference,native,deepselect"
-# Algorithm models on a CPU take milliseconds per call, so the GPU protocol (25 warmups, 4 rounds of 10)
-# would take minutes; on CPU the verification call is the only warmup, then 3 alternating rounds of one.
-CPU_WARMUP, CPU_ROUNDS, CPU_SAMPLES = 0, 3, 1
 
 
 class Unbuildable:
@@ -87,9 +94,9 @@ def _poison(text: str) -> float:
               "selected, else the first].")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=None,
-              help=f"Warmup calls per selector [default: 25 on CUDA, {CPU_WARMUP} on CPU].")
+              help=f"Warmup calls per selector [default: {TimingProtocol.warmup} on CUDA, {CPU_WARMUP} on CPU].")
 @click.option("--rounds", type=click.IntRange(min=1), default=None,
-              help=f"Alternating timing rounds [default: 4 on CUDA, {CPU_ROUNDS} on CPU].")
+              help=f"Alternating timing rounds [default: {TimingProtocol.rounds} on CUDA, {CPU_ROUNDS} on CPU].")
 @click.option("--timer", type=click.Choice(["events", "cupti"]), default="events", show_default=True,
               help="CUDA only: CUDA events around graph replays, or kernel durations from the profiler.")
 @click.option("--l2", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
@@ -137,18 +144,15 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                                  param_hint="--baseline")
     baseline = baseline or ("native" if "native" in columns else columns[0])
     notes: list[str] = []
+    protocol = TimingProtocol.for_device(dev.type, warmup, rounds, l2, timer)  # type: ignore[arg-type]
     if dev.type == "cpu":
-        protocol = TimingProtocol(warmup=CPU_WARMUP if warmup is None else warmup,
-                                  rounds=CPU_ROUNDS if rounds is None else rounds,
-                                  samples_per_round=CPU_SAMPLES, l2="warm", timer="wall", graphs=False)
         label = "CPU wall-clock of algorithm models (not GPU kernel times)"
         warm = "the verification call" + (f" and {protocol.warmup} more calls" if protocol.warmup else "")
         notes.append(f"CPU timing: {warm} as warmup, then {protocol.rounds} alternating rounds of "
-                     f"{protocol.samples_per_round} call (GPU protocol: 25 warmups, 4 rounds of 10); these are "
+                     f"{protocol.samples_per_round} call (GPU protocol: {TimingProtocol.warmup} warmups, "
+                     f"{TimingProtocol.rounds} rounds of {TimingProtocol.samples_per_round}); these are "
                      "algorithm models, use --device cuda for kernel times")
     else:
-        protocol = TimingProtocol(warmup=25 if warmup is None else warmup, rounds=4 if rounds is None else rounds,
-                                  l2=l2, timer=timer, graphs=True)  # type: ignore[arg-type]
         label = f"CUDA kernel time, {'CUDA events' if timer == 'events' else 'CUPTI'}, L2 {l2}, graph replay"
     # The measured read bandwidth (bytes/s) for the floor, on CUDA.
     read_bandwidth: float | None = None
@@ -159,10 +163,10 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     env["inputs"] = pinned + ([f"suite {suite} ({scale})"] if suite else [])
     extra_checks = device_checks(dev)
     if dev.type == "cuda":
-        from logitreplay.replay.timing_cuda import gpu_environment, measure_read_bandwidth
+        from logitreplay.replay import measure_read_bandwidth
 
         read_bandwidth = measure_read_bandwidth(dev)
-        env.update(gpu_environment(dev), read_bandwidth_bytes_per_s=read_bandwidth)
+        env["read_bandwidth_bytes_per_s"] = read_bandwidth
     result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
     if isolate or timeout_s is not None:
         from logitreplay.replay.isolate import Job, merge, replay_isolated
@@ -184,7 +188,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     # Off a terminal (logs, pipes, CI) rich would wrap the table at 80 columns; give it room instead.
     console = Console() if Console().is_terminal else Console(width=220)
     if dev.type == "cuda":
-        from logitreplay.replay.timing_cuda import sm_clock_mhz
+        from logitreplay.replay import sm_clock_mhz
 
         result.environment["sm_clock_mhz_end"] = sm_clock_mhz(dev)
     report.print_report(result, console)
@@ -198,7 +202,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
         for rule in rules:
             console.print(f"  {rule.rule}", markup=False)
     if json_path is not None:
-        report.write_json(result, json_path)
+        write_json(result, json_path)
     if csv_path is not None:
         report.write_csv(result, csv_path)
     if plot_path is not None:

@@ -1,0 +1,181 @@
+"""The results of a replay and their JSON: one shape, stated by the types here and checked against
+`report.schema.json` on every write.
+
+The dataclasses are the shape; `encode` and `decode` turn any of them into JSON and back from their
+fields (`Timing` adds its derived statistics), so no class restates its fields by hand. The schema is the published contract for other tools; `write_json` validates every
+report against it before a byte is written, and a test holds the schema's properties equal to the
+fields, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from logitreplay.errors import LogitreplayError
+from logitreplay.replay.protocol import Timing, TimingProtocol
+from logitreplay.replay.verify import Failure
+
+T = TypeVar("T")
+
+
+@dataclass
+class SelectorResult:
+    """What happened to one selector on one case.
+
+    `status`: "ok" (verified, and `timing` holds its samples), "unsupported" (`reason` is what
+    `supports` said), "failed" (a verification check failed: `failures`, first check first; `reason`
+    names it) or "error" (`supports`, `prepare`, the launch or the timing raised: `reason` is the
+    exception in one line)."""
+
+    selector: str
+    status: str
+    reason: str | None = None
+    failures: list[Failure] = field(default_factory=list)
+    timing: Timing | None = None
+
+
+@dataclass
+class CaseResult:
+    """One case of a replay: its shape and source, and one `SelectorResult` per selector (in the order
+    asked for; empty when the case is invalid).
+
+    `source` is a short description for tables (synthetic distribution, or model and layer);
+    `valid_bytes` the in-bounds logits bytes (the least any selector must read); `invalid` why the case
+    could not be replayed (NaN inside a row), else None; `floor_us` the read floor (valid bytes / measured
+    read bandwidth) when the device's bandwidth was measured; `fast_path` whether vLLM's DeepSelect
+    prefill fast path would take this case, with `fast_path_note` saying why not."""
+
+    case_id: str
+    rows: int
+    cols: int
+    top_k: int
+    dtype: str
+    row_stride: int
+    source: str
+    valid_bytes: int
+    invalid: str | None = None
+    floor_us: float | None = None
+    fast_path: bool = False
+    fast_path_note: str = ""
+    results: list[SelectorResult] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CaseResult:
+        return decode(cls, d)
+
+    def result(self, selector: str) -> SelectorResult | None:
+        return next((r for r in self.results if r.selector == selector), None)
+
+    def timed(self, selector: str) -> Timing | None:
+        """The selector's timing on this case; None when it was not verified and timed."""
+        res = self.result(selector)
+        return None if res is None else res.timing
+
+
+@dataclass
+class ReplayResult:
+    """A whole replay: the `device` ("cpu", "cuda:0"), what the times are (`clock_label`), the timing
+    `protocol`, the `environment` (versions, CPU, GPU), the `baseline` selector ratios are taken against,
+    the `selectors` in column order, the `cases`, and `notes` (e.g. CPU protocol reductions)."""
+
+    device: str
+    clock_label: str
+    protocol: TimingProtocol
+    environment: dict[str, Any]
+    baseline: str | None
+    selectors: list[str]
+    cases: list[CaseResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    recommendation: list[dict[str, Any]] = field(default_factory=list)  # `replay --recommend` (recommend.py)
+
+    SCHEMA: ClassVar[str] = "logitreplay.replay/1"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": self.SCHEMA, **encode(self)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ReplayResult:
+        if d.get("schema") != cls.SCHEMA:
+            raise ValueError(f"not a replay result (schema {d.get('schema')!r}, expected {cls.SCHEMA!r})")
+        return decode(cls, {k: v for k, v in d.items() if k != "schema"})
+
+
+def encode(obj: Any) -> Any:
+    """JSON of a result object: a dataclass by its fields, a `Timing` with its derived statistics."""
+    if isinstance(obj, Timing):
+        return obj.to_json()  # with its statistics, for readers of the file
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [encode(v) for v in obj]
+    return obj
+
+
+def decode(cls: type[T], data: Any) -> T:
+    """The inverse of `encode` for `cls`, led by its field types (a nested result, a list of them, or
+    a plain JSON value)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {f.name: _decode_value(hints[f.name], data[f.name]) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+              if f.name in data}
+    return cls(**kwargs)
+
+
+def _decode_value(tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        origin = typing.get_origin(tp)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_decode_value(item, v) for v in value]
+    if tp is Timing:
+        return Timing.from_json(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return decode(tp, value)
+    return value
+
+
+class ReportError(LogitreplayError):
+    """A replay report that does not match `report.schema.json` (a bug if we wrote it; bad input if read)."""
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of `ReplayResult.to_json()` (shipped with the package)."""
+    return json.loads(resources.files("logitreplay.replay").joinpath("report.schema.json").read_text())
+
+
+def validate(data: dict[str, Any]) -> None:
+    """Raise `ReportError` (one line: the path and the violation) unless `data` matches the schema."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise ReportError(f"replay report does not match report.schema.json at {where}: {error.message[:200]}")
+
+
+def write_json(result: ReplayResult, path: Path) -> None:
+    """Validate the report against the schema, then write it (nothing is written when it does not match)."""
+    data = result.to_json()
+    validate(data)
+    path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+
+
+def read_json(path: Path) -> ReplayResult:
+    return ReplayResult.from_json(json.loads(path.read_text()))
+
+
+__all__ = ["CaseResult", "ReplayResult", "ReportError", "SelectorResult", "decode", "encode", "read_json",
+           "schema", "validate", "write_json"]
