@@ -39,10 +39,7 @@ import torch
 from click.testing import CliRunner
 
 from logitreplay.archive import Archive, Case
-from logitreplay.capture.hf import HFRun, capture_hf
-from logitreplay.capture.hooks import IndexerCapture
-from logitreplay.capture.policy import Policy, PolicyState
-from logitreplay.capture.writer import CaptureWriter
+from logitreplay.capture import CaptureWriter, HFRun, IndexerCapture, Policy, PolicyState, capture_hf
 from logitreplay.cli import main as cli
 
 

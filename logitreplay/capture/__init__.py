@@ -1,0 +1,14 @@
+"""Capture: keep indexer logits from real model runs, with their row bounds and provenance.
+
+`IndexerCapture` hooks a transformers model's indexers; `capture_hf` runs one end to end (`HFRun` says
+what to run); `CaptureWriter` stages matrices off the hot path and writes them to an archive; `Policy`
+says which calls are kept and `PolicyState` is its running state in one process. The vLLM plugin
+(`logitreplay.capture.vllm_plugin`, enabled by `LOGITREPLAY_CAPTURE_DIR`) is loaded by vLLM itself.
+"""
+
+from logitreplay.capture.hf import HFRun, capture_hf
+from logitreplay.capture.hooks import IndexerCapture
+from logitreplay.capture.policy import Policy, PolicyState
+from logitreplay.capture.writer import CaptureWriter
+
+__all__ = ["CaptureWriter", "HFRun", "IndexerCapture", "Policy", "PolicyState", "capture_hf"]
