@@ -28,8 +28,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports(path: Path) -> set[str]:
-    """The project modules `path` imports (absolute names; `from pkg import mod` counts as `pkg.mod`)."""
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The project modules `path` imports. `from pkg import mod` is an edge to `pkg.mod` alone: a
+    package's `__init__` runs before any of its submodules anyway, so that is not a dependency on it."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -37,15 +38,18 @@ def imports(path: Path) -> set[str]:
             found.update(a.name for a in node.names if a.name.startswith("logitreplay"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("logitreplay"):
             assert node.level == 0, f"{path}: relative import"
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found.update(subs)
+            if len(subs) < len(node.names):
+                found.add(node.module)
     return found
 
 
 def graph() -> dict[str, set[str]]:
     """Module -> the project modules (files) it imports."""
     files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: {m for m in imports(path) if m in files and m != name} for name, path in files.items()}
+    return {name: {m for m in imports(path, set(files)) if m in files and m != name}
+            for name, path in files.items()}
 
 
 def part(module: str) -> str:
