@@ -36,4 +36,5 @@ def test_limits_say_what_upstream_cannot_do() -> None:
     assert "per-row length only" in (external.FlashInferRagged().limits(CASE) or "")
     assert "exactly top_k = 2048" in (external.SglFastTopk().limits(CASE) or "")
     bf16 = Case.from_rows("b", torch.zeros(8, dtype=torch.bfloat16), [0], [8], top_k=2, cols=8)
-    assert "float32 logits only" in (external.VllmPrefill().limits(bf16) or "")
+    assert "float32 logits only" in (external.FlashInferRagged().limits(bf16) or "")
+    assert external.SglFastTopk().staging_bytes(CASE) == 2 * 2 * 4  # rows x top_k int32, copied into the view

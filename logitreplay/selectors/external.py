@@ -1,9 +1,10 @@
-"""Adapters to upstream top-k kernels, usable when their package imports (CUDA only).
+"""Adapters to upstream top-k kernels, usable when their package imports (CUDA only); vLLM's own
+kernels have theirs in vllm.py.
 
 Each maps our semantics (indices relative to the row start, int32, -1 tails, a possibly strided output
 view, bounds read on the device) onto the upstream call, or says in `supports` what it cannot do. The
 upstream kernels write contiguous outputs, so each launch ends with one copy of `rows * top_k * 4` bytes
-into the view: part of the timed launch, small against the selection itself. Whether an upstream kernel
+into the view: part of the timed launch, small against the selection itself (`staging_bytes`, `note`). Whether an upstream kernel
 really honours the contract (-1 tails, relative indices) is not assumed here: verification checks it.
 """
 
@@ -20,7 +21,6 @@ from logitreplay.errors import one_line
 from logitreplay.selectors.base import Launch
 
 EXTERNAL: dict[str, str] = {
-    "vllm-native": "logitreplay.selectors.external:VllmPrefill",
     "deepselect-upstream": "logitreplay.selectors.external:DeepSelectUpstream",
     "flashinfer": "logitreplay.selectors.external:FlashInferRagged",
     "sgl-fast-topk": "logitreplay.selectors.external:SglFastTopk",
@@ -52,37 +52,18 @@ class Upstream:
     def limits(self, case: Case) -> str | None:
         return None
 
+    def staging_bytes(self, case: Case) -> int:
+        """Bytes of the contiguous output the upstream call writes before the copy into the view."""
+        return case.rows * case.top_k * 4
+
+    def note(self, case: Case) -> str:
+        return f"{self.module}; staging copy {self.staging_bytes(case)} B"
+
 
 def _no_start(case: Case) -> str | None:
     if case.rows and bool((case.row_starts != 0).any()):
         return "takes a per-row length only: rows starting past column 0 (multi-request chunks) are not supported"
     return None
-
-
-class VllmPrefill(Upstream):
-    """vLLM's `torch.ops._C.top_k_per_row_prefill`: the production kernel native models. float32 only;
-    it writes a contiguous (rows, top_k) buffer with relative indices and -1 tails."""
-
-    name = "vllm-native"
-    module = "vllm._C"
-    package = "vllm"
-
-    def limits(self, case: Case) -> str | None:
-        return None if case.dtype == "float32" else f"reads float32 logits only, not {case.dtype}"
-
-    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                top_k: int, out: torch.Tensor) -> Launch:
-        self._import()
-        op = torch.ops._C.top_k_per_row_prefill
-        rows = logits.shape[0]
-        scratch = torch.empty((rows, top_k), dtype=torch.int32, device=logits.device)
-        stride0, stride1 = logits.stride()
-
-        def launch() -> None:
-            op(logits, row_starts, row_ends, scratch, rows, stride0, stride1, top_k)
-            out.copy_(scratch)
-
-        return launch
 
 
 class DeepSelectUpstream(Upstream):
@@ -119,14 +100,17 @@ class DeepSelectUpstream(Upstream):
 
 
 class FlashInferRagged(Upstream):
-    """FlashInfer's `top_k_ragged_transform` with zero offsets: the top_k of the first `lengths[r]`
-    columns of each row. It allocates its output on every call (upstream API)."""
+    """FlashInfer's `top_k_ragged_transform` with zero offsets, as vLLM 0.33's `flashinfer` decode
+    backend calls it (indexer_topk.py l.347): the top_k of the first `lengths[r]` columns of each row,
+    float32 only there. It allocates its output on every call (upstream API)."""
 
     name = "flashinfer"
     module = "flashinfer"
     package = "flashinfer-python"
 
     def limits(self, case: Case) -> str | None:
+        if case.dtype != "float32":
+            return f"vLLM's flashinfer backend reads float32 logits only, not {case.dtype}"
         return _no_start(case)
 
     def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,

@@ -2,20 +2,26 @@
 
 Built-ins and adapters resolve lazily, so listing the names never builds a kernel or imports an upstream
 package; plugins register under the `logitreplay.selectors` entry-point group, or are named directly
-as `package.module:factory`.
+as `package.module:factory`. vLLM's adapters also take a kernel library from a path,
+`vllm-native@/path/to/_C_stable_libtorch.abi3.so`, loaded instead of the installed package.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from typing import cast
 
 from logitreplay.errors import SelectorError
 from logitreplay.selectors.base import Selector
 from logitreplay.selectors.external import EXTERNAL
+from logitreplay.selectors.vllm import LIBRARIES, VLLM
+from logitreplay.selectors.vllm_libs import needs_own_process as _needs_own_process
+from logitreplay.selectors.vllm_libs import split_spec
 
 ENTRY_POINT_GROUP = "logitreplay.selectors"
 
@@ -24,6 +30,7 @@ BUILTINS: dict[str, str] = {
     "reference": "logitreplay.selectors.reference:ReferenceSelector",
     "native": "logitreplay.selectors.bundled:native",
     "deepselect": "logitreplay.selectors.bundled:deepselect",
+    "auto": "logitreplay.selectors.auto:from_environment",  # dispatches by a measured rule (--rule)
 }
 
 
@@ -31,7 +38,7 @@ def load_factory(spec: str) -> Callable[[], Selector]:
     """Resolve `package.module:attr` to a zero-argument factory (a class or a function)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SelectorError(f"selector {spec!r}: expected 'package.module:factory'")
+        raise SelectorError(unknown_name(spec))
     # Like `python -m`, resolve plugin modules from the working directory too (a console script's
     # sys.path lacks it), so `--selector mykernels.topk:make` works from a checkout.
     if os.getcwd() not in sys.path:
@@ -49,25 +56,54 @@ def load_factory(spec: str) -> Callable[[], Selector]:
     return factory
 
 
+def unknown_name(name: str) -> str:
+    """The error for a name that is neither registered nor a `module:factory` spec: the closest
+    registered name, and all of them."""
+    names = sorted(available())
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"unknown selector {name!r}: {hint}registered: {', '.join(names)} "
+            "(or name a plugin as 'package.module:factory')")
+
+
+def factory_spec(spec: str) -> str:
+    """The `module:factory` behind a registered name, a `name@library-path`, or a plugin spec."""
+    name, path = split_spec(spec)
+    if path is not None and name in VLLM:
+        return VLLM[name]
+    return available().get(spec, spec)
+
+
+def needs_own_process(specs: list[str]) -> bool:
+    """Whether these selectors load one kernel library from two sources (installed and a path, or two
+    paths): two builds of one op cannot be registered in one process, so each must run in its own."""
+    return _needs_own_process(specs, LIBRARIES)
+
+
 def build(spec: str) -> Selector:
-    """Instantiate a selector from a registered name or a `module:factory` spec, checking the protocol."""
-    factory = load_factory(available().get(spec, spec))
+    """Instantiate a selector from a registered name, a `name@library-path` or a `module:factory` spec,
+    checking the protocol."""
+    name, path = split_spec(spec)
+    factory = load_factory(factory_spec(spec))
     try:
-        sel = factory()
+        sel = cast(Callable[[str], Selector], factory)(path) if path is not None and name in VLLM else factory()
     except Exception as e:
         raise SelectorError(f"selector {spec!r}: factory raised {type(e).__name__}: {e}") from None
     if not isinstance(sel, Selector):
         raise SelectorError(f"selector {spec!r}: factory returned {type(sel).__name__}, which lacks "
                             "name/supports/prepare")
+    if not isinstance(sel.name, str) or not sel.name:
+        raise SelectorError(f"selector {spec!r}: its name must be a non-empty string (the report's column), "
+                            f"got {sel.name!r}")
     return sel
 
 
 def available() -> dict[str, str]:
     """Every registered name -> `module:factory`: built-ins, upstream adapters, entry-point plugins."""
-    names = {**BUILTINS, **EXTERNAL}
+    names = {**BUILTINS, **EXTERNAL, **VLLM}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         names.setdefault(ep.name, ep.value)
     return names
 
 
-__all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "available", "build", "load_factory"]
+__all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "available", "build", "load_factory", "unknown_name"]
