@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from logitreplay.archive.decode import DecodeFacts, check_decode, decode_facts, kind_of
+from logitreplay.archive.guards import check_memory
 from logitreplay.errors import ArchiveError
 
 DTYPES = ("float32", "bfloat16")
@@ -55,6 +57,16 @@ class Case:
     @property
     def lengths(self) -> np.ndarray:
         return (self.row_ends.astype(np.int64) - self.row_starts.astype(np.int64))
+
+    @property
+    def kind(self) -> str:
+        """`decode` for a decode top-k call (its facts in `decode`), else `prefill` (the default)."""
+        return kind_of(self.attrs)
+
+    @property
+    def decode(self) -> DecodeFacts | None:
+        """The decode facts (batch, next_n, seq_lens, ...) of a decode case; None for a prefill case."""
+        return decode_facts(self.case_id, self.attrs)
 
     @property
     def nbytes(self) -> int:
@@ -155,6 +167,7 @@ class Case:
             json.dumps(self.attrs, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise bad("attrs", f"not a JSON object: {e}") from None
+        check_decode(cid, self.attrs, self.row_starts, self.row_ends, self.cols)
 
     def torch_values(self) -> torch.Tensor:
         """The ragged values as a torch tensor of the logical dtype (zero-copy)."""
@@ -180,6 +193,9 @@ class Case:
         stride = self.row_stride if row_stride is None else int(row_stride)
         if stride < self.cols:
             raise ArchiveError(f"case {self.case_id}: field row_stride: {stride} < cols {self.cols}")
+        # rows x row_stride are claims of the case: refused (one line) beyond the device's free memory.
+        check_memory(f"case {self.case_id}", f"its padded matrix ({self.rows} x {stride})",
+                     max(self.rows, 1) * stride * ELEMENT_BYTES[self.dtype], device)
         storage = torch.full((max(self.rows, 1) * stride,), poison, dtype=_TORCH_DTYPE[self.dtype], device=device)
         if self.values.size:
             dev = storage.device

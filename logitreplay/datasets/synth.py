@@ -5,17 +5,22 @@ do to a selector: the same shapes with normal-random scores, the distribution ab
 fp16 histogram bins (+100, *1e-8), and the edge cases (ties, zeros, short rows, multi-request chunks,
 padded strides) that break selectors. Every case records its recipe, and a recipe regenerates its case
 bit for bit (numpy's PCG64 stream is stable across platforms and releases).
+
+The `decode` suites hold decode top-k calls as serving makes them for DeepSeek V3.2 / V4 (`DecodeRecipe`):
+batch x next_n rows of a max_model_len = 163840 wide matrix, every row far shorter than the width, with the
+decode facts (`archive/decode.py`) recorded on each case.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 
-from logitreplay.archive import Case
+from logitreplay.archive import Case, DecodeFacts
 
 SCALES: tuple[str, ...] = ("small", "full")
 # Small scale divides rows and columns by this factor, keeping their ratio, so a CPU runs the suite in
@@ -96,11 +101,80 @@ def _stress() -> list[Recipe]:
     return r
 
 
+# Decode: vLLM's logits are (batch * next_n, max_model_len); sequence lengths are mixed between 1K and
+# 128K tokens (log-uniform, with the extremes pinned so every batch spans them).
+MAX_MODEL_LEN = 163840
+SEQ_MIN, SEQ_MAX = 1024, 131072
+DECODE_BATCHES = (1, 8, 32, 64, 65, 128, 256)  # 64/65: both sides of vLLM's cooperative_topk row limit
+# Small scale divides max_model_len and every sequence length by this, and batches by 4 (rounded up, so
+# 64 and 65 stay distinct); top_k is kept.
+SMALL_DECODE_DIVISOR = 32
+
+
+@dataclass(frozen=True)
+class DecodeRecipe(Recipe):
+    """One decode top-k call: `rows` = batch x `next_n` rows, `cols` = max_model_len; `seq_lens` is the
+    rule for the requests' lengths (mixed: log-uniform in [SEQ_MIN, SEQ_MAX]; edges: lengths around
+    next_n and top_k, up to the full width), each divided by `width_divisor` (small scale). With
+    next_n > 1 the step is speculative and `seq_lens` has vLLM 0.33's native (batch, next_n) per-row form."""
+
+    next_n: int = 1
+    seq_lens: str = "mixed"
+    width_divisor: int = 1
+
+    @property
+    def batch(self) -> int:
+        return self.rows // self.next_n
+
+    @property
+    def case_id(self) -> str:
+        dist = self.distribution.replace("+", "plus").replace("*", "times")
+        parts = [self.group, dist, f"c{self.cols}", f"b{self.batch}", f"n{self.next_n}", f"k{self.top_k}"]
+        if self.dtype != "float32":
+            parts.append("bf16")
+        if self.seq_lens != "mixed":
+            parts.append(self.seq_lens)
+        return "-".join(parts)
+
+    def shrunk(self) -> DecodeRecipe:
+        batch = -(-self.batch // 4)
+        cols = self.cols // SMALL_DECODE_DIVISOR
+        return replace(self, rows=batch * self.next_n, cols=cols, top_k=min(self.top_k, max(1, cols // 2)),
+                       width_divisor=SMALL_DECODE_DIVISOR)
+
+
+def _decode_recipe(suite: str, group: str, dist: str, batch: int, next_n: int, top_k: int, seed: int,
+                   seq_lens: str = "mixed") -> DecodeRecipe:
+    return DecodeRecipe(suite, group, dist, batch * next_n, MAX_MODEL_LEN, top_k, "decode", seed,
+                        next_n=next_n, seq_lens=seq_lens)
+
+
+def _decode() -> list[Recipe]:
+    s = "decode"
+    r: list[Recipe] = []
+    # Every served shape: batch x next_n (1: plain decode, 2: one MTP draft) x top_k (V3.2: 2048, V4: 512).
+    for i, (next_n, top_k, batch) in enumerate(itertools.product((1, 2), (2048, 512), DECODE_BATCHES)):
+        r.append(_decode_recipe(s, "batch", "normal", batch, next_n, top_k, 600 + i))
+    # The distribution ablation, one seed per batch: the same draws and lengths, transformed.
+    for i, batch in enumerate((8, 64, 256)):
+        for dist in ("normal", "normal+100", "normal*1e-8"):
+            r.append(_decode_recipe(s, "dist", dist, batch, 1, 2048, 700 + i))
+    for i, dist in enumerate(("relu", "ties")):
+        r.append(_decode_recipe(s, "dist", dist, 64, 1, 2048, 710 + i))
+    r.append(_decode_recipe(s, "edges", "normal", 64, 2, 2048, 720, seq_lens="edges"))
+    r.append(_decode_recipe(s, "edges", "normal", 64, 1, 512, 721, seq_lens="edges"))
+    return r
+
+
 SUITES: dict[str, list[Recipe]] = {
     "seed-controls": _seed_controls(),
     # The same draws rounded to bfloat16: the published bf16 column (kernels read half the bytes).
     "seed-controls-bf16": [replace(r, suite="seed-controls-bf16", dtype="bfloat16") for r in _seed_controls()],
     "stress": _stress(),
+    "decode": _decode(),
+    # The same draws rounded to bfloat16: decode logits as DeepGEMM writes them on SM100, which
+    # deep_select reads without the fp32 upcast ("keeping bf16 halves top-k reads").
+    "decode-bf16": [replace(r, suite="decode-bf16", dtype="bfloat16") for r in _decode()],
 }
 
 
@@ -121,6 +195,8 @@ def suite(name: str, scale: str = "small") -> Iterator[Case]:
 
 def bounds(recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
     """Per-row [start, end) for a recipe's bound rules."""
+    if isinstance(recipe, DecodeRecipe):
+        return np.zeros(recipe.rows, dtype=np.int32), decode_facts(recipe).row_ends()
     rows, cols, k = recipe.rows, recipe.cols, recipe.top_k
     i = np.arange(rows, dtype=np.int64)
     if recipe.ends == "causal":
@@ -154,6 +230,28 @@ def bounds(recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
     return starts.astype(np.int32), ends.astype(np.int32)
 
 
+def decode_facts(recipe: DecodeRecipe) -> DecodeFacts:
+    """The decode call a recipe describes: its requests' lengths (drawn from their own stream, so the
+    distribution ablation shares them) and the facts vLLM would pass."""
+    batch, n, div = recipe.batch, recipe.next_n, recipe.width_divisor
+    if recipe.seq_lens == "mixed":
+        u = np.random.default_rng([recipe.seed, 1]).random(batch)
+        lens = np.exp(np.log(SEQ_MIN) + u * (np.log(SEQ_MAX) - np.log(SEQ_MIN))).astype(np.int64)
+        lens[0] = SEQ_MAX
+        lens[1:2] = SEQ_MIN
+        lens //= div
+    elif recipe.seq_lens == "edges":
+        # Around next_n (rows clamped at 0), around top_k (where -1 tails start and stop), and full rows.
+        k = recipe.top_k
+        pattern = np.array([0, 1, n, k - 1, k, k + 1, k + n, SEQ_MAX // div, recipe.cols], dtype=np.int64)
+        lens = pattern[np.arange(batch) % pattern.shape[0]].clip(0, recipe.cols)
+    else:
+        raise ValueError(f"{recipe.case_id}: unknown seq_lens rule {recipe.seq_lens!r}")
+    ends = np.maximum(lens[:, None] - n + 1 + np.arange(n)[None, :], 0)
+    return DecodeFacts.from_row_ends(ends, next_n=n, per_row=n > 1, max_model_len=recipe.cols,
+                                     speculative=n > 1)
+
+
 def _distribution(name: str, rng: np.random.Generator, n: int) -> np.ndarray:
     if name == "low10":
         # Fixed sign and exponent and the 13 high mantissa bits; only the 10 low bits vary: every value
@@ -182,6 +280,8 @@ def generate(recipe: Recipe) -> Case:
     tvalues = torch.from_numpy(values)
     if recipe.dtype == "bfloat16":
         tvalues = tvalues.to(torch.bfloat16)
-    attrs = {"source": "synthetic", "distribution": recipe.distribution, "recipe": asdict(recipe)}
+    attrs: dict[str, object] = {"source": "synthetic", "distribution": recipe.distribution, "recipe": asdict(recipe)}
+    if isinstance(recipe, DecodeRecipe):
+        attrs.update(kind="decode", decode=decode_facts(recipe).to_json())
     return Case.from_rows(recipe.case_id, tvalues, starts, ends, top_k=recipe.top_k, cols=recipe.cols,
                           row_stride=recipe.row_stride, attrs=attrs)

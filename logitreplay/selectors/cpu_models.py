@@ -107,8 +107,11 @@ def _chunked(chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor
     first = np.zeros(rows, dtype=np.int64)
     second = np.zeros(rows, dtype=np.int64)
     for r0, r1 in _chunks(rows, cols):
-        idx, a, b = chunk(logits[r0:r1].float(), row_starts[r0:r1].to(torch.int64),
-                          row_ends[r0:r1].to(torch.int64), top_k)
+        ends = row_ends[r0:r1].to(torch.int64)
+        # Only the columns before the chunk's last row end: a decode row is a few K of a 163840-wide
+        # row, and the poisoned cells past every end are never looked at.
+        width = min(cols, max(1, int(ends.max())))
+        idx, a, b = chunk(logits[r0:r1, :width].float(), row_starts[r0:r1].to(torch.int64), ends, top_k)
         out[r0:r1] = idx
         first[r0:r1] = a.numpy()
         second[r0:r1] = b.numpy()
