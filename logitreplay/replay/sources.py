@@ -52,14 +52,16 @@ def open_cases(locations: Sequence[str], suite: str | None, scale: str,
 
 
 def describe_source(case: Case) -> str:
-    """A short source for tables: the synthetic distribution, or model and layer of a capture."""
+    """A short source for tables: the synthetic distribution, or model and layer of a capture; a decode
+    case adds its batch, next_n and context span (`decode b64 n1 ctx 1K-128K`), which groups it."""
     a = case.attrs
+    decode = case.decode.describe() if case.decode is not None else None
     if a.get("source") == "synthetic":
         recipe: dict[str, Any] = a["recipe"] if isinstance(a.get("recipe"), dict) else {}
-        tags = [t for t, on in (("edge rows", recipe.get("ends") == "edges"),
+        tags = [t for t, on in (("edge rows", "edges" in (recipe.get("ends"), recipe.get("seq_lens"))),
                                 ("multi-request", recipe.get("starts") == "requests"),
                                 (f"stride {recipe.get('row_stride')}", recipe.get("row_stride") is not None)) if on]
-        return ", ".join([str(a.get("distribution", "synthetic")), *tags])
+        return ", ".join([str(a.get("distribution", "synthetic")), *([decode] if decode else []), *tags])
     parts = []
     if a.get("model"):
         parts.append(str(a["model"]).rstrip("/").rsplit("/", 1)[-1])  # a local path or an org/name id
@@ -67,4 +69,6 @@ def describe_source(case: Case) -> str:
         parts.append(f"layer {a['layer_index']}")
     elif a.get("layer_name"):
         parts.append(str(a["layer_name"]))
+    if decode:
+        parts.append(decode)
     return " ".join(parts) or str(a.get("source", "captured"))
