@@ -7,7 +7,7 @@ written, so a killed writer leaves an incomplete case that readers list as such 
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import shutil
 import time
@@ -19,14 +19,23 @@ from typing import Any
 
 import numpy as np
 
-from logitreplay.archive.case import CASE_ARRAYS, DTYPES, Case, sha256_of
+from logitreplay.archive.case import CASE_ARRAYS, DTYPES, MAX_INDEX, STORAGE_DTYPE, Case, sha256_of
+from logitreplay.archive.guards import (
+    LOCK_FILE,
+    check_array,
+    check_memory,
+    guarded_local_store,
+    inside,
+    writer_lock,
+)
 from logitreplay.errors import ArchiveError, one_line
 
 SCHEMA_VERSION = 1
 # 4 Mi elements per chunk: big enough that per-chunk overhead vanishes, small enough to stream.
 _CHUNK = 1 << 22
-
-
+# The dtype each case array is stored as (values: by the case's dtype).
+_INDEX_DTYPES = {"offsets": np.dtype("<i8"), "row_starts": np.dtype("<i4"), "row_ends": np.dtype("<i4"),
+                 "reference_indices": np.dtype("<i4")}
 
 
 @dataclass(frozen=True)
@@ -104,16 +113,21 @@ class Archive:
         p = Path(path)
         if p.suffix == ".zip":
             raise ArchiveError(f"{p}: write to a directory archive, then `pack` it to a zip")
+        if p.exists() and not p.is_dir():
+            raise ArchiveError(f"{p}: exists and is not a directory")
         if p.exists() and (p / "zarr.json").exists():
             if not exist_ok:
                 raise ArchiveError(f"{p}: archive exists")
             return cls.open(p, mode="a")
-        if p.exists() and any(p.iterdir()):
+        if p.exists() and any(e.name != LOCK_FILE for e in p.iterdir()):
             raise ArchiveError(f"{p}: exists and is not an archive; refusing to write into it")
-        group = zarr.open_group(str(p), mode="w-", zarr_format=3)
-        group.attrs.update({"logitreplay": {"schema_version": SCHEMA_VERSION, "created": utc_now()},
-                            **(attrs or {})})
-        group.require_group("cases")
+        with writer_lock(p, wait=True):  # a second creator waits here, then appends to this archive
+            if (p / "zarr.json").exists():
+                return cls.open(p, mode="a")
+            group = zarr.open_group(str(p), mode="a", zarr_format=3)
+            group.attrs.update({"logitreplay": {"schema_version": SCHEMA_VERSION, "created": utc_now()},
+                                **(attrs or {})})
+            group.require_group("cases")
         return cls(group, str(p), True)
 
     @classmethod
@@ -125,12 +139,14 @@ class Archive:
 
         loc = os.fspath(location)
         is_url = "://" in loc
+        prefix = ""  # the archive's folder inside a zip made with `zip -r f.zip f.zarr`
         try:
             if not is_url and loc.endswith(".zip"):
                 if mode != "r":
                     raise ArchiveError(f"{loc}: zip archives are read-only")
                 if not Path(loc).is_file():
                     raise ArchiveError(f"{loc}: no such file")
+                prefix = _zip_prefix(loc)
                 store: Any = ZipStore(loc, mode="r")
             elif is_url:
                 if mode != "r":
@@ -143,10 +159,10 @@ class Archive:
             else:
                 if not (Path(loc) / "zarr.json").is_file():
                     raise ArchiveError(f"{loc}: not a logitreplay archive (no zarr.json)")
-                store = zarr.storage.LocalStore(loc, read_only=(mode == "r"))
+                store = guarded_local_store(loc, read_only=(mode == "r"))
             # Consolidated metadata (`push` writes it for the Hub) lists every case in one request; only
             # remote copies use it: a case appended to a local copy would be missing from it.
-            group = zarr.open_group(store, mode="r" if mode == "r" else "r+", zarr_format=3,
+            group = zarr.open_group(store, path=prefix, mode="r" if mode == "r" else "r+", zarr_format=3,
                                     use_consolidated=None if is_url else False)
         except ArchiveError:
             raise
@@ -154,26 +170,42 @@ class Archive:
             raise ArchiveError(f"{loc}: not a logitreplay archive ({type(e).__name__}: {e})") from None
         except zipfile.BadZipFile as e:
             raise ArchiveError(f"{loc}: damaged zip ({e})") from None
-        except (ValueError, TypeError, json.JSONDecodeError) as e:
-            raise ArchiveError(f"{loc}: unreadable archive metadata ({one_line(e)})") from None
+        except ImportError as e:  # fsspec names the package a protocol needs (s3fs, gcsfs, ...)
+            raise ArchiveError(f"{loc}: this kind of URL needs a package that is not installed "
+                               f"({one_line(e)})") from None
+        except Exception as e:  # zarr, numcodecs and fsspec raise many types for damaged metadata
+            raise ArchiveError(f"{loc}: unreadable archive metadata ({type(e).__name__}: {one_line(e)})") from None
         return cls(group, loc, mode != "r")
 
     # -- listing
 
     def _cases_group(self) -> Any:
+        import zarr
+
         try:
-            return self._root["cases"]
+            cases = self._root["cases"]
         except KeyError:
             raise ArchiveError(f"{self.location}: archive has no 'cases' group") from None
+        except Exception as e:
+            raise ArchiveError(f"{self.location}: unreadable 'cases' group ({type(e).__name__}: "
+                               f"{one_line(e)})") from None
+        if not isinstance(cases, zarr.Group):
+            raise ArchiveError(f"{self.location}: 'cases' is not a group")
+        return cases
 
     def infos(self) -> list[CaseInfo]:
         """Every case group, complete or not, sorted by id (attributes only, no values read). A group
         whose metadata cannot be parsed is listed as incomplete, with the reason in its attributes."""
+        import zarr
+
         cases = self._cases_group()
         out = []
         for name in _child_names(cases):
             try:
-                attrs = dict(cases[name].attrs)
+                node = cases[name]
+                attrs = dict(node.attrs)
+                if not isinstance(node, zarr.Group):
+                    attrs = {"error": "not a case group (its metadata says array)"}
             except Exception as e:  # malformed zarr.json of one case must not hide the others
                 attrs = {"error": f"unreadable metadata ({type(e).__name__}: {one_line(e)})"}
             out.append(CaseInfo(name, attrs.get("complete") is True, attrs, self._stored_bytes(name)))
@@ -203,26 +235,33 @@ class Archive:
         if not self._is_directory:
             return None
         d = Path(self.location) / "cases" / case_id
-        return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        if d.is_symlink():
+            return None
+        return sum(f.lstat().st_size for f in d.rglob("*") if f.is_file())
 
     # -- reading
 
     def read(self, case_id: str) -> Case:
         """Read one complete case, verifying the sha256 of every array and every invariant of the format."""
+        import zarr
+
+        cases = self._cases_group()
         try:
-            grp = self._cases_group()[case_id]
+            grp = cases[case_id]
             attrs = dict(grp.attrs)
         except KeyError:
             raise ArchiveError(f"case {case_id}: not in {self.location}") from None
         except Exception as e:  # malformed metadata: report, never guess
             raise ArchiveError(f"case {case_id}: unreadable metadata ({type(e).__name__}: {one_line(e)})") from None
+        if not isinstance(grp, zarr.Group):
+            raise ArchiveError(f"case {case_id}: not a case group (its metadata says array)")
         if attrs.get("complete") is not True:
             raise ArchiveError(f"case {case_id}: incomplete (its writer did not finish); not data")
         if attrs.get("schema_version") != SCHEMA_VERSION:
             raise ArchiveError(f"case {case_id}: field schema_version: {attrs.get('schema_version')!r} "
                                f"is not supported (expected {SCHEMA_VERSION})")
-        for key in ("top_k", "cols", "row_stride"):
-            if type(attrs.get(key)) is not int:
+        for key in ("top_k", "cols", "row_stride", "rows", "valid_elements"):
+            if type(attrs.get(key)) is not int or attrs[key] < 0:
                 raise ArchiveError(f"case {case_id}: field {key}: expected an integer, got {attrs.get(key)!r}")
         for key in ("checksums", "provenance"):
             if not isinstance(attrs.get(key), dict):
@@ -230,34 +269,23 @@ class Archive:
         dtype = attrs.get("dtype")
         if dtype not in DTYPES:
             raise ArchiveError(f"case {case_id}: field dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-        arrays: dict[str, np.ndarray] = {}
-        for name in CASE_ARRAYS:
-            if name == "reference_indices" and attrs.get("has_reference") is not True:
-                continue
-            arrays[name] = self._read_array(case_id, grp, name, attrs["checksums"])
+        rows, top_k = attrs["rows"], attrs["top_k"]
+        if not 1 <= top_k <= MAX_INDEX:
+            raise ArchiveError(f"case {case_id}: field top_k: must be an integer in [1, 2^31), got {top_k}")
+        shapes = {"values": (attrs["valid_elements"],), "offsets": (rows + 1,), "row_starts": (rows,),
+                  "row_ends": (rows,), "reference_indices": (rows, top_k)}
+        names = [n for n in CASE_ARRAYS if n != "reference_indices" or attrs.get("has_reference") is True]
+        dtypes: dict[str, np.dtype[Any]] = {**_INDEX_DTYPES, "values": STORAGE_DTYPE[dtype]}
+        # Every array's metadata must repeat the shapes the attributes claim, and what they take once
+        # read must fit in memory: both checked before any chunk is read.
+        stored = {n: _open_array(case_id, grp, n, dtypes[n], shapes[n]) for n in names}
+        check_memory(f"case {case_id}", "its arrays", sum(math.prod(shapes[n]) * dtypes[n].itemsize for n in names))
+        arrays = {n: _read_array(case_id, n, arr, attrs["checksums"]) for n, arr in stored.items()}
         case = Case(case_id, arrays["values"], arrays["offsets"], arrays["row_starts"], arrays["row_ends"],
                     attrs["top_k"], attrs["cols"], attrs["row_stride"], dtype,
                     arrays.get("reference_indices"), dict(attrs["provenance"]))
         case.validate()
         return case
-
-    def _read_array(self, case_id: str, grp: Any, name: str, checksums: dict[str, Any]) -> np.ndarray:
-        try:
-            arr = grp[name]
-        except KeyError:
-            raise ArchiveError(f"case {case_id}: field {name}: array missing") from None
-        try:
-            data = np.asarray(arr[...])
-        except Exception as e:  # a damaged chunk fails inside the codec with any exception type
-            raise ArchiveError(f"case {case_id}: field {name}: checksum error: chunk unreadable "
-                               f"({type(e).__name__}: {one_line(e)})") from None
-        want = checksums.get(name)
-        if want is None:
-            raise ArchiveError(f"case {case_id}: field {name}: no checksum recorded")
-        if sha256_of(data) != want:
-            raise ArchiveError(f"case {case_id}: field {name}: checksum error: sha256 mismatch "
-                               "(damaged or missing chunk)")
-        return data
 
     # -- writing
 
@@ -265,15 +293,24 @@ class Archive:
         """Write every array, then mark the case `complete` (the last, atomic step)."""
         if not self.writable:
             raise ArchiveError(f"{self.location}: opened read-only")
+        from zarr.errors import ContainsArrayError, ContainsGroupError
+
         case.validate()
+        cid = case.case_id
+        if not cid or cid.startswith(".") or any(c in cid for c in "/\\\0"):
+            raise ArchiveError(f"case {cid!r}: field case_id: must be a non-empty name without '/', '\\' or "
+                               "a leading '.'")
+        root = Path(self.location)
+        inside(root, root / "cases" / cid)  # never write (or delete) through a symbolic link
         cases = self._cases_group()
-        if case.case_id in cases:
+        if cid in cases:
             if not overwrite:
-                raise ArchiveError(f"case {case.case_id}: already in {self.location}")
-            del cases[case.case_id]
-        if "/" in case.case_id or case.case_id.startswith(".") or not case.case_id:
-            raise ArchiveError(f"case {case.case_id!r}: field case_id: must be a non-empty name without '/'")
-        grp = cases.create_group(case.case_id)
+                raise ArchiveError(f"case {cid}: already in {self.location}")
+            del cases[cid]
+        try:
+            grp = cases.create_group(cid)
+        except (ContainsGroupError, ContainsArrayError):
+            raise ArchiveError(f"case {cid}: already in {self.location} (written by another process)") from None
         checksums = {}
         for name in CASE_ARRAYS:
             data = getattr(case, name)
@@ -310,7 +347,7 @@ class Archive:
         src = Path(self.location)
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for f in sorted(src.rglob("*")):
-                if f.is_file():
+                if f.is_file() and f.name != LOCK_FILE:
                     zf.write(f, f.relative_to(src).as_posix())
         os.replace(tmp, dst)
         return dst
@@ -321,8 +358,66 @@ class Archive:
             raise ArchiveError(f"{self.location}: opened read-only")
         gone = self.incomplete()
         for cid in gone:
-            shutil.rmtree(Path(self.location) / "cases" / cid)
+            remove_case_folder(Path(self.location), cid)
         return gone
+
+    def lock(self) -> Any:
+        """The archive's writer lock (a context manager): a second writer fails at once with one line."""
+        if not self.writable or not self._is_directory:
+            raise ArchiveError(f"{self.location}: only a writable directory archive can be locked")
+        return writer_lock(Path(self.location))
+
+
+def remove_case_folder(root: Path, case_id: str) -> None:
+    """Delete `cases/<case_id>`; a symbolic link there is removed itself, never what it points to."""
+    path = root / "cases" / case_id
+    inside(root, root / "cases")
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _zip_prefix(path: str) -> str:
+    """Where the archive sits inside a zip: "" when its zarr.json is at the top (`pack`, or `cd f.zarr &&
+    zip -r ../f.zip .`), else the one top-level folder holding it (`zip -r f.zip f.zarr`, the natural way)."""
+    with zipfile.ZipFile(path) as zf:
+        names = set(zf.namelist())
+    if "zarr.json" in names:
+        return ""
+    tops = {n.split("/", 1)[0] for n in names if "/" in n}
+    if len(tops) == 1 and f"{next(iter(tops))}/zarr.json" in names:
+        return next(iter(tops))
+    return ""
+
+
+def _open_array(case_id: str, grp: Any, name: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
+    """The zarr array `name` of a case, its metadata checked (`guards.check_array`); nothing read yet."""
+    where = f"case {case_id}: field {name}"
+    try:
+        arr = grp[name]
+    except KeyError:
+        raise ArchiveError(f"{where}: array missing") from None
+    except Exception as e:  # unparsable metadata, an unknown codec, a node type that lies
+        raise ArchiveError(f"{where}: unreadable array metadata ({type(e).__name__}: {one_line(e)})") from None
+    check_array(where, arr, dtype, shape)
+    return arr
+
+
+def _read_array(case_id: str, name: str, arr: Any, checksums: dict[str, Any]) -> np.ndarray:
+    """The data of a checked array, verified against its recorded sha256."""
+    try:
+        data = np.asarray(arr[...])
+    except Exception as e:  # a damaged chunk fails inside the codec with any exception type
+        raise ArchiveError(f"case {case_id}: field {name}: checksum error: chunk unreadable "
+                           f"({type(e).__name__}: {one_line(e)})") from None
+    want = checksums.get(name)
+    if want is None:
+        raise ArchiveError(f"case {case_id}: field {name}: no checksum recorded")
+    if sha256_of(data) != want:
+        raise ArchiveError(f"case {case_id}: field {name}: checksum error: sha256 mismatch "
+                           "(damaged or missing chunk)")
+    return data
 
 
 def _child_names(group: Any) -> list[str]:

@@ -28,6 +28,9 @@ CHECKS = {
     3: "values",  # the multiset of selected values equals the reference's
     4: "bounds",  # nothing outside the output view was written
 }
+# Beyond checks 1-4 (and 5, the graph replay): the engine's own checks of every selector.
+INPUTS_CHECK, INPUTS = 6, "inputs"  # the logits and the row bounds are bit for bit as they were given
+TIMED_CHECK, TIMED = 7, "timed"  # the output of the last timed call passes checks 1-4 too
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,52 @@ def nan_row(case: Case, device: torch.device | str = "cpu") -> int | None:
         return None
     first = int(nan.nonzero()[0, 0])
     return int(np.searchsorted(case.offsets, first, side="right")) - 1  # the row whose span holds it
+
+
+@dataclass
+class Inputs:
+    """What a selector reads: the padded matrix's whole storage (stride padding and poison included) as
+    `flat`, and the row bounds. Every selector gets its own `copy`, compared with the original after it
+    ran, so a selector that writes into its inputs fails itself instead of the next selector."""
+
+    flat: torch.Tensor
+    rows: int
+    cols: int
+    stride: int
+    row_starts: torch.Tensor
+    row_ends: torch.Tensor
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor) -> Inputs:
+        rows, cols = logits.shape
+        stride = logits.stride(0) if rows > 1 else max(cols, 1)
+        flat = torch.as_strided(logits, (max(rows, 1) * stride,), (1,), logits.storage_offset())
+        return cls(flat, rows, cols, stride, row_starts, row_ends)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        return self.flat.as_strided((self.rows, self.cols), (self.stride, 1))
+
+    def copy(self) -> Inputs:
+        return Inputs(self.flat.clone(), self.rows, self.cols, self.stride, self.row_starts.clone(),
+                      self.row_ends.clone())
+
+    def changed(self, case_id: str, original: Inputs) -> Failure | None:
+        """Check 6: None when these inputs still equal `original` bit for bit (NaN poison included)."""
+        bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[self.flat.dtype]
+        for name, mine, theirs in (("logits", self.flat.view(bits), original.flat.view(bits)),
+                                   ("row_starts", self.row_starts, original.row_starts),
+                                   ("row_ends", self.row_ends, original.row_ends)):
+            diff = (mine != theirs).nonzero()
+            if diff.numel():
+                i = int(diff[0, 0])
+                if name == "logits":
+                    row, where = i // self.stride, f"logits[{i // self.stride}, {i % self.stride}] (storage)"
+                else:
+                    row, where = i, f"{name}[{i}] from {int(theirs[i])} to {int(mine[i])}"
+                return Failure(INPUTS_CHECK, INPUTS, case_id, min(row, max(self.rows - 1, 0)),
+                               f"the selector changed its input: {where}")
+        return None
 
 
 @dataclass

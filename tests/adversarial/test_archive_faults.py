@@ -4,6 +4,7 @@ hides the other (healthy) cases of the archive."""
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -95,11 +96,15 @@ def test_damaged_case_is_a_named_error_and_other_cases_still_read(tmp_path: Path
         archive.read(BAD)
     good = archive.read(GOOD)
     assert good.rows == 4
-    # The CLI reports the same as one line with a non-zero exit, never a traceback.
-    res = CliRunner().invoke(main, ["inspect", str(root), "--case", BAD])
+    # The CLI lists the case as invalid with the same reason and ends in a one-line error with a
+    # non-zero exit, never a traceback.
+    res = CliRunner().invoke(main, ["inspect", str(root), "--case", BAD, "--json", "-"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     if BAD in archive.case_ids():
         assert res.exit_code == 1, res.output
-        assert len(res.output.strip().splitlines()) == 1 and "Error:" in res.output
+        assert res.output.strip().splitlines()[-1] == f"Error: 1 case invalid: {BAD} (listed above)"
+        listed = json.loads(res.output[:res.output.rindex("Error:")])["cases"][0]
+        assert re.search(message, listed["invalid"]), listed
 
 
 def test_zip_with_escaping_entries_is_read_in_place_without_extracting(tmp_path: Path) -> None:
