@@ -34,7 +34,7 @@ SCHEMA_VERSION = 1
 # 4 Mi elements per chunk: big enough that per-chunk overhead vanishes, small enough to stream.
 _CHUNK = 1 << 22
 # The dtype each case array is stored as (values: by the case's dtype).
-_INDEX_DTYPES = {"offsets": np.dtype("<i8"), "row_starts": np.dtype("<i4"), "row_ends": np.dtype("<i4"),
+_INDEX_DTYPES: dict[str, np.dtype[Any]] = {"offsets": np.dtype("<i8"), "row_starts": np.dtype("<i4"), "row_ends": np.dtype("<i4"),
                  "reference_indices": np.dtype("<i4")}
 
 
