@@ -1,21 +1,26 @@
 // native: the histogram radix-select of vLLM's top_k_per_row_prefill, reimplemented so that replays
 // predict what that production kernel does on the same logits, including where it is slow.
 //
-// One block of 512 threads per row. Pass 0 histograms the top 11 bits of every value rounded to fp16
-// (2048 bins) and finds the bin holding the k-th largest; every element in a higher bin is emitted.
-// If the threshold bin holds <= 2048 elements they are collected in shared memory and finished by a
-// shared-memory sort (upstream's rank-counting insertion sort for the first 12288 rows, a radix select
-// after); otherwise refinement passes over the fp32 key (11, 11 and 10 bits) repeat the
-// histogram among the elements matching every bin fixed so far, re-reading the row each time. After
-// the last pass the threshold bin holds equal keys, and the first ones reached fill the remaining slots.
+// One block of 512 threads per row, with vLLM 0.33's pass structure (half, then 11, 11 and 10 bits):
+// - Pass 0 histograms the top 11 bits of every value rounded to fp16 (2048 bins) and finds the bin
+//   holding the k-th largest. Only when that bin holds <= 2048 elements does a second sweep emit every
+//   element above it and collect the bin's elements for the final sort; otherwise pass 0 is spent, and
+//   nothing it found is kept.
+// - Pass 1 starts over on the fp32 key: it histograms bits 31..21 of *every* element of the row (not only
+//   those of pass 0's bin), then emits and collects the same way when its threshold bin fits.
+// - Passes 2 and 3 histogram bits 20..10 and 9..0 among the elements whose key matches every fp32 bin
+//   fixed so far, each re-reading the row. After pass 3 the threshold bin holds equal keys, and the
+//   first ones reached fill the remaining slots.
+// A collected threshold bin is finished in shared memory: upstream's rank-counting insertion sort for
+// the first 12288 rows, a radix select after (upstream sorts those rows with a block radix sort).
+// Selected indices are staged in shared memory and written out in one coalesced sweep at the end.
 //
 // Distribution sensitivity is part of the model: values concentrated in a narrow range (x + 100,
-// x * 1e-8) land in one or two fp16 bins, so every pass funnels the row through a few shared-memory
-// atomics on one address and up to four passes read the row: about ten times slower, as upstream.
+// x * 1e-8) land in one or two fp16 bins and then in one or two fp32 bins of pass 1, so whole rows are
+// funnelled through shared-memory atomics on one address, up to four times: about ten times slower
+// than on spread-out values, as upstream.
 //
 // Entry points, workspace and status: see topk_api.h.
-#include <climits>
-
 #include "common.cuh"
 #include "topk_api.h"
 
@@ -26,6 +31,8 @@ constexpr int kBins = 2048;   // 11-bit passes; the last pass uses the low 1024
 constexpr int kFinal = 2048;  // a threshold bin this small is finished in shared memory
 // Upstream launches rows below this index with the insertion-sort finish, the rest with a radix sort.
 constexpr long long kRankRows = 12288;
+// Output slots live in dynamic shared memory (as upstream's): 4 bytes per slot, 64 KiB at most.
+constexpr int kMaxTopK = 16384;
 
 struct Smem {
   union {
@@ -33,7 +40,7 @@ struct Smem {
     struct {
       uint32_t keys[kFinal];
       int idx[kFinal];
-    } cand;  // filled by the emit sweep of the last pass, after the histogram is dead
+    } cand;  // filled by the emit sweep of the pass whose threshold bin fits, after the histogram is dead
   } u;
   lr::ScanScratch<kThreads> scan;
   lr::SelectScratch<kThreads> sel;
@@ -42,17 +49,15 @@ struct Smem {
   uint32_t ties;     // slots taken by equal keys in the last pass
 };
 
-// What pass P sees of a value: whether it is still undecided (matches every bin fixed so far) and its
-// bin. `t0` is pass 0's fp16 threshold bin; `pattern` holds the fp32 key bits fixed by passes 1 and 2.
+// What pass P sees of a value: whether it takes part (passes 0 and 1 take every value; passes 2 and 3
+// those whose fp32 key matches the bins fixed by the passes before, held in `pattern`) and its bin.
 template <int P>
 struct Pass {
   static constexpr int kBinsP = P == 3 ? 1024 : kBins;
-  __device__ __forceinline__ static bool match(float x, uint32_t t0, uint32_t pattern) {
-    if constexpr (P == 0) {
+  __device__ __forceinline__ static bool match(float x, uint32_t pattern) {
+    if constexpr (P < 2) {
       return true;
     } else {
-      if (lr::half_bin11(x) != t0) return false;
-      if constexpr (P == 1) return true;
       constexpr int shift = P == 2 ? 21 : 10;
       return ((lr::f32_key(x) ^ pattern) >> shift) == 0;
     }
@@ -66,17 +71,18 @@ struct Pass {
   }
 };
 
-// One histogram pass over the row. Returns the threshold bin; when it returns with
-// `t.count <= kFinal` (P < 3) the bin's elements are in s.u.cand, else the next pass must refine it.
+// One histogram pass over the row. Returns the threshold bin; when its count is <= kFinal (P < 3) the
+// elements above it are in `slots` and the bin's elements in s.u.cand, else the next pass must refine it
+// (pass 0 then leaves nothing behind: pass 1 starts over).
 template <int P, typename T>
-__device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int* out_row, uint32_t t0,
-                                           uint32_t pattern, Smem& s, LrStatus* status) {
+__device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int* slots, uint32_t pattern, Smem& s,
+                                           LrStatus* status) {
   lr::smem_fill<kThreads>(s.u.hist, Pass<P>::kBinsP, 0u);
   __syncthreads();
   bool nan = false;
   lr::for_each_in_row<kThreads>(row, len, [&](float x, int) {
     if constexpr (P == 0) nan |= x != x;
-    if (Pass<P>::match(x, t0, pattern)) atomicAdd(&s.u.hist[Pass<P>::bin(x)], 1u);
+    if (Pass<P>::match(x, pattern)) atomicAdd(&s.u.hist[Pass<P>::bin(x)], 1u);
   });
   if constexpr (P == 0) {
     if (__syncthreads_or(nan) && threadIdx.x == 0) lr::report_nan(status);
@@ -85,17 +91,18 @@ __device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int
   }
   const uint32_t need = static_cast<uint32_t>(top_k) - s.found;
   const lr::ThresholdBin t = lr::block_threshold_bin<kThreads, Pass<P>::kBinsP>(s.u.hist, need, s.scan);
-  const uint32_t tb = static_cast<uint32_t>(t.bin);
   const bool collect = P < 3 && t.count <= kFinal;
+  if (P == 0 && !collect) return t;  // nothing of pass 0 is kept: no emit sweep
+  const uint32_t tb = static_cast<uint32_t>(t.bin);
   const uint32_t take_equal = need - t.above;  // used by the last pass only
   lr::for_each_in_row<kThreads>(row, len, [&](float x, int i) {
-    if (!Pass<P>::match(x, t0, pattern)) return;
+    if (!Pass<P>::match(x, pattern)) return;
     const uint32_t b = Pass<P>::bin(x);
     if (b > tb) {
-      out_row[atomicAdd(&s.found, 1u)] = i;
+      slots[atomicAdd(&s.found, 1u)] = i;
     } else if (b == tb) {
       if constexpr (P == 3) {
-        if (atomicAdd(&s.ties, 1u) < take_equal) out_row[atomicAdd(&s.found, 1u)] = i;
+        if (atomicAdd(&s.ties, 1u) < take_equal) slots[atomicAdd(&s.found, 1u)] = i;
       } else if (collect) {
         const uint32_t c = atomicAdd(&s.cand_n, 1u);
         s.u.cand.keys[c] = lr::f32_key(x);
@@ -107,6 +114,32 @@ __device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int
   return t;
 }
 
+// The threshold bin's candidates are in shared memory: fill the slots still open among them.
+__device__ void finish_candidates(long long r, int top_k, int* slots, Smem& s) {
+  const int n = static_cast<int>(s.cand_n);
+  const int base = static_cast<int>(s.found);
+  const int m = top_k - base;
+  if (r < kRankRows) {
+    // Upstream's insertion sort: each candidate's rank among all candidates (ties by position), which
+    // costs n^2 / threads compares: cheap for the few candidates of spread-out values, and the main
+    // cost of concentrated rows whose threshold bin holds up to 2048 of them.
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const uint32_t key = s.u.cand.keys[i];
+      int rank = 0;
+      for (int j = 0; j < n; ++j) {
+        const uint32_t o = s.u.cand.keys[j];
+        rank += (o > key) | ((o == key) & (j < i));
+      }
+      if (rank < m) slots[base + rank] = s.u.cand.idx[i];
+    }
+    return;
+  }
+  // Later rows: upstream sorts with a block radix sort; the shared radix select does the same O(n) work.
+  const lr::SelectRule rule = lr::smem_select_rule<kThreads>(s.u.cand.keys, n, m, s.sel);
+  lr::smem_select_apply<kThreads>(s.u.cand.keys, n, rule, s.sel,
+                                  [&](int i) { slots[atomicAdd(&s.found, 1u)] = s.u.cand.idx[i]; });
+}
+
 template <typename T>
 __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restrict__ logits, long long row_stride,
                                                                const int* __restrict__ row_starts,
@@ -114,6 +147,7 @@ __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restri
                                                                int* __restrict__ out, long long out_stride,
                                                                LrStatus* status) {
   __shared__ Smem s;
+  extern __shared__ int slots[];  // top_k output slots
   const long long r = blockIdx.x;
   const int start = row_starts[r];
   const int len = row_ends[r] - start;
@@ -130,64 +164,53 @@ __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restri
     s.ties = 0;
   }
   // The first pass's clear is followed by a barrier, which also publishes these counters.
-  const lr::ThresholdBin t0 = histogram_pass<0>(row, len, top_k, out_row, 0u, 0u, s, status);
-  if (t0.count > kFinal) {
-    const uint32_t b0 = static_cast<uint32_t>(t0.bin);
-    const lr::ThresholdBin t1 = histogram_pass<1>(row, len, top_k, out_row, b0, 0u, s, status);
-    if (t1.count > kFinal) {
+  bool collected = histogram_pass<0>(row, len, top_k, slots, 0u, s, status).count <= kFinal;
+  if (!collected) {
+    const lr::ThresholdBin t1 = histogram_pass<1>(row, len, top_k, slots, 0u, s, status);
+    collected = t1.count <= kFinal;
+    if (!collected) {
       const uint32_t p1 = static_cast<uint32_t>(t1.bin) << 21;
-      const lr::ThresholdBin t2 = histogram_pass<2>(row, len, top_k, out_row, b0, p1, s, status);
-      if (t2.count > kFinal) {
-        histogram_pass<3>(row, len, top_k, out_row, b0, p1 | (static_cast<uint32_t>(t2.bin) << 10), s, status);
-        return;
-      }
+      const lr::ThresholdBin t2 = histogram_pass<2>(row, len, top_k, slots, p1, s, status);
+      collected = t2.count <= kFinal;
+      if (!collected) histogram_pass<3>(row, len, top_k, slots, p1 | (static_cast<uint32_t>(t2.bin) << 10), s, status);
     }
   }
-  // The threshold bin's candidates are in shared memory: fill the slots still open among them.
-  const int n = static_cast<int>(s.cand_n);
-  const int base = static_cast<int>(s.found);
-  const int m = top_k - base;
-  if (r < kRankRows) {
-    // Upstream's insertion sort: each candidate's rank among all candidates (ties by position), which
-    // costs n^2 / threads compares: cheap for the few candidates of spread-out values, and the main
-    // cost of concentrated rows whose threshold bin holds up to 2048 of them.
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const uint32_t key = s.u.cand.keys[i];
-      int rank = 0;
-      for (int j = 0; j < n; ++j) {
-        const uint32_t o = s.u.cand.keys[j];
-        rank += (o > key) | ((o == key) & (j < i));
-      }
-      if (rank < m) out_row[base + rank] = s.u.cand.idx[i];
-    }
-    return;
-  }
-  // Later rows: upstream sorts with a block radix sort; the shared radix select does the same O(n) work.
-  const lr::SelectRule rule = lr::smem_select_rule<kThreads>(s.u.cand.keys, n, m, s.sel);
-  lr::smem_select_apply<kThreads>(s.u.cand.keys, n, rule, s.sel,
-                                  [&](int i) { out_row[atomicAdd(&s.found, 1u)] = s.u.cand.idx[i]; });
+  if (collected) finish_candidates(r, top_k, slots, s);
+  __syncthreads();
+  for (int i = threadIdx.x; i < top_k; i += kThreads) out_row[i] = slots[i];
+}
+
+// Dynamic shared memory above the default 48 KiB must be allowed once per kernel instantiation.
+template <typename T>
+bool allow_slots() {
+  static const bool ok = cudaFuncSetAttribute(native_topk_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              kMaxTopK * static_cast<int>(sizeof(int))) == cudaSuccess;
+  return ok;
 }
 
 }  // namespace
 
 LR_EXPORT long long lr_native_workspace_bytes(int, int, int, int) { return sizeof(LrStatus); }
 
-// No limit from the algorithm: selected indices go straight to the output row, never to shared memory.
-LR_EXPORT int lr_native_max_top_k(int) { return INT_MAX; }
+// Bounded by the output slots staged in shared memory.
+LR_EXPORT int lr_native_max_top_k(int) { return kMaxTopK; }
 
 LR_EXPORT int lr_native_topk(const void* logits, int dtype, long long row_stride, const int* row_starts,
                              const int* row_ends, int rows, int top_k, int* out, long long out_stride,
                              void* workspace, long long workspace_bytes, cudaStream_t stream) {
-  if (int err = lr_check_args(logits, dtype, row_stride, row_starts, row_ends, rows, top_k, INT_MAX, out, out_stride,
+  if (int err = lr_check_args(logits, dtype, row_stride, row_starts, row_ends, rows, top_k, kMaxTopK, out, out_stride,
                               workspace, workspace_bytes))
     return err;
   if (rows == 0) return LR_OK;
   auto* status = static_cast<LrStatus*>(workspace);
+  const size_t smem = static_cast<size_t>(top_k) * sizeof(int);
   if (dtype == LR_F32) {
-    native_topk_kernel<float><<<rows, kThreads, 0, stream>>>(static_cast<const float*>(logits), row_stride,
-                                                             row_starts, row_ends, top_k, out, out_stride, status);
+    if (!allow_slots<float>()) return LR_ELAUNCH;
+    native_topk_kernel<float><<<rows, kThreads, smem, stream>>>(static_cast<const float*>(logits), row_stride,
+                                                                row_starts, row_ends, top_k, out, out_stride, status);
   } else {
-    native_topk_kernel<__nv_bfloat16><<<rows, kThreads, 0, stream>>>(
+    if (!allow_slots<__nv_bfloat16>()) return LR_ELAUNCH;
+    native_topk_kernel<__nv_bfloat16><<<rows, kThreads, smem, stream>>>(
         static_cast<const __nv_bfloat16*>(logits), row_stride, row_starts, row_ends, top_k, out, out_stride, status);
   }
   return cudaGetLastError() == cudaSuccess ? LR_OK : LR_ELAUNCH;

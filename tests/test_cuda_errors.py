@@ -1,0 +1,72 @@
+"""A selector that loses the CUDA context never takes the run down: its error is its result for that
+case, and the rest of the run continues in fresh processes (simulated on CPU: the engine is told the
+context is gone after the plugin raised; the children are real processes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from logitreplay.archive import Archive, Case
+from logitreplay.cli import main
+from logitreplay.replay import TimingProtocol, cuda_errors
+from logitreplay.replay.cuda_errors import DeviceLost
+from logitreplay.replay.engine import replay_case
+from logitreplay.selectors.reference import ReferenceSelector
+from tests import cuda_faults
+
+CPU = torch.device("cpu")
+
+
+def _case(i: int) -> Case:
+    values = np.random.default_rng(i).standard_normal(4 * 32).astype(np.float32)
+    return Case.from_rows(f"c{i}", values, np.zeros(4, np.int32), np.full(4, 32, np.int32), top_k=4, cols=32,
+                          attrs={"source": "test"})
+
+
+@pytest.fixture
+def lost_after_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this process, the sticky plugin raises, and the context probe then reports the context gone."""
+    monkeypatch.setenv("LR_TEST_LOSE_PID", str(os.getpid()))
+    monkeypatch.setattr(cuda_errors, "context_lost", lambda device: "RuntimeError: CUDA error: illegal address")
+
+
+def test_an_error_with_the_context_alive_is_the_selectors_result_only() -> None:
+    os.environ.pop("LR_TEST_LOSE_PID", None)
+    result = replay_case(_case(0), [ReferenceSelector(), cuda_faults.sticky()], CPU, TimingProtocol.for_device("cpu"))
+    assert [r.status for r in result.results] == ["ok", "ok"]
+
+
+def test_a_lost_context_carries_the_culprits_error_out_of_the_engine(lost_after_error: None) -> None:
+    with pytest.raises(DeviceLost) as info:
+        replay_case(_case(0), [ReferenceSelector(), cuda_faults.sticky(), ReferenceSelector()], CPU,
+                    TimingProtocol.for_device("cpu"))
+    partial = info.value.partial
+    assert partial is not None and partial.case_id == "c0"
+    assert [(r.selector, r.status) for r in partial.results] == [("sticky", "error")]
+    assert partial.results[0].reason == ("CUDA context lost: RuntimeError: CUDA error: an illegal memory access "
+                                         "was encountered")
+
+
+@pytest.mark.slow
+def test_the_run_finishes_in_fresh_processes_and_strict_exits_1(tmp_path: Path, lost_after_error: None) -> None:
+    path = tmp_path / "a.zarr"
+    archive = Archive.create(path)
+    for i in range(3):
+        archive.write(_case(i))
+    res = CliRunner().invoke(main, ["replay", str(path), "--selectors", "reference",
+                                    "--selector", "tests.cuda_faults:sticky", "--rounds", "1", "--strict",
+                                    "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 1, res.output
+    assert "--strict: 1 failed, errored or invalid: c0/sticky" in res.output
+    import json
+
+    cases = json.loads((tmp_path / "r.json").read_text())["cases"]
+    statuses = [[(r["selector"], r["status"]) for r in c["results"]] for c in cases]
+    assert statuses == [[("reference", "ok"), ("sticky", "error")]] + [[("reference", "ok"), ("sticky", "ok")]] * 2
+    assert "the rest of the run continued in fresh processes" in res.output
