@@ -1,260 +1,312 @@
-"""vLLM plugin, tested against a `torch.library` op with exactly vLLM's schema for `top_k_per_row_prefill`
-(registered by vLLM's csrc/torch_bindings.cpp), called the way vLLM's indexer calls it: through a
-`_custom_ops`-style Python wrapper, from a function whose locals hold `k_cache_prefix` and `chunk`, on a
-logits buffer with padded rows and uninitialized memory outside each row's [ks, ke)."""
+"""The vLLM plugin against call sites that reproduce vLLM 0.33's (tests/vllm033: module paths, function and
+local names, the op schemas, compressed logits with garbage past each row's end and a padded stride):
+prefill through `sparse_attn_indexer`, worker processes forked by multiprocessing that end in os._exit,
+SIGKILL, tensor-parallel row windows, and the policy on multi-request chunks."""
 
 from __future__ import annotations
 
+import json
 import logging
+import multiprocessing
+import os
+import signal
 import sys
 import time
 import tomllib
-import types
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
 from logitreplay.archive import Archive, Case
 from logitreplay.capture import vllm_plugin
 from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
+from logitreplay.cli import main
 from tests.test_capture_sync import DEVICES, held, no_host_sync
+from tests.vllm033.steps import Step, prefill_step, run, v41_model, vllm_on_path
 
-NAMESPACE = "logitreplay_vllm_test"
-SCHEMA = ("top_k_per_row_prefill(Tensor logits, Tensor rowStarts, Tensor rowEnds, Tensor! indices, "
-          "int numRows, int stride0, int stride1, int topK) -> ()")
-LAYER = "model.layers.5.self_attn.indexer.k_cache"
-TOP_K = 16
-STRIDE = 128  # padded row stride, as DeepGEMM allocates
-
-
-def _kernel(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, indices: torch.Tensor,
-            num_rows: int, stride0: int, stride1: int, top_k: int) -> None:
-    """Stand-in kernel with vLLM's contract: relative indices of each row's top-k in [ks, ke), -1 tails.
-    Written without host syncs so that it can also run inside a CUDA graph."""
-    view = logits.as_strided((num_rows, logits.shape[1]), (stride0, stride1))
-    cols = torch.arange(view.shape[1], device=view.device)
-    ks, ke = row_starts[:num_rows, None].long(), row_ends[:num_rows, None].long()
-    valid = (cols >= ks) & (cols < ke)
-    k = min(top_k, view.shape[1])
-    top = torch.where(valid, view, float("-inf")).topk(k, dim=1).indices
-    rel = torch.where(valid.gather(1, top), top - ks, -1)
-    indices[:num_rows, :k] = rel.to(torch.int32)
-    indices[:num_rows, k:top_k] = -1
+TOP_K = 8
+RATIO = 4  # DeepSeek V4's C4A layers: columns are compressed positions
+TWO = [(120, 10), (48, 12)]  # request A: 120 tokens, the last 10 in this chunk; B: 48, all in the chunk
+ONE = [(96, 16)]
+LAYER = "model.layers.0.self_attn.indexer"
 
 
-@pytest.fixture(scope="module")
-def op_namespace() -> Iterator[object]:
-    lib = torch.library.Library(NAMESPACE, "DEF")
-    lib.define(SCHEMA)
-    lib.impl("top_k_per_row_prefill", _kernel, "CPU")
-    lib.impl("top_k_per_row_prefill", _kernel, "CUDA")
-    yield getattr(torch.ops, NAMESPACE)
-    del lib
+@pytest.fixture(scope="module", autouse=True)
+def vllm033() -> Iterator[Any]:
+    with vllm_on_path() as vllm:
+        yield vllm
 
 
-@pytest.fixture
-def ops(op_namespace: object) -> types.ModuleType:
-    """Like `vllm._custom_ops`: a Python function forwarding to the registered op."""
-    module = types.ModuleType("custom_ops")
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import vllm.distributed as dist
 
-    def top_k_per_row_prefill(logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k):  # type: ignore[no-untyped-def]
-        getattr(torch.ops, NAMESPACE).top_k_per_row_prefill(logits, row_starts, row_ends, indices, num_rows,
-                                                             stride0, stride1, top_k)
-
-    module.top_k_per_row_prefill = top_k_per_row_prefill  # type: ignore[attr-defined]
-    return module
-
-
-@pytest.fixture
-def installed(tmp_path: Path, ops: types.ModuleType, op_namespace: object) -> Iterator[VllmCapture]:
-    capture = VllmCapture(tmp_path / "cap.zarr", Policy.parse("every"))
-    assert capture.install(ops, op_namespace) == 2
-    yield capture
-    capture.uninstall()
+    monkeypatch.setattr(dist, "_TP_RANK", 0)
+    monkeypatch.setattr(dist, "_TP_SIZE", 1)
+    monkeypatch.delenv(vllm_plugin.ENV_MODEL, raising=False)
+    vllm_plugin._model_facts.cache_clear()
+    yield
+    if vllm_plugin._active is not None:
+        vllm_plugin._active.uninstall()
 
 
-@dataclass
-class Chunk:
-    """The facts vLLM's prefill chunk metadata carries that the plugin records."""
-
-    cu_seqlen_ks: torch.Tensor
-    cu_seqlen_ke: torch.Tensor
-    token_start: int
-    token_end: int
+def _layer(device: str = "cpu", keys: int = 64) -> Any:
+    return v41_model(1, kv_sources=(0,), index_sources=(0,), candidate_source=-1, sparse_logits=False,
+                     ratio=RATIO, top_k=TOP_K, keys=keys, device=device)[0]
 
 
-def indexer_prefill(ops: object, logits: torch.Tensor, chunk: Chunk, k_cache_prefix: str) -> torch.Tensor:
-    """Calls the op as vLLM's `sparse_attn_indexer` does for one prefill chunk."""
-    topk_indices = torch.full((logits.shape[0], TOP_K), -7, dtype=torch.int32, device=logits.device)
-    ops.top_k_per_row_prefill(logits, chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, topk_indices,  # type: ignore[attr-defined]
-                              logits.shape[0], logits.stride(0), logits.stride(1), TOP_K)
-    return topk_indices
+def _step(layer: Any, requests: list[tuple[int, int]], seed: int = 0, **kw: Any) -> Step:
+    return prefill_step(requests, layer.indexer.k_cache.kv_cache, ratio=RATIO, seed=seed, **kw)
 
 
-def two_request_chunk(device: str = "cpu") -> tuple[torch.Tensor, Chunk]:
-    """Request A (30 context keys, last 10 tokens in this chunk) and request B (12 keys, all in the chunk):
-    keys concatenated into 42 columns; rows sit inside a buffer padded to STRIDE, filled with garbage."""
-    g = torch.Generator().manual_seed(0)
-    storage = torch.full((22, STRIDE), float("nan"))
-    storage[:, ::3] = 3e38  # uninitialized memory: NaN and huge values everywhere outside [ks, ke)
-    ks = torch.tensor([0] * 10 + [30] * 12, dtype=torch.int32)
-    ke = torch.tensor([21 + i for i in range(10)] + [31 + i for i in range(12)], dtype=torch.int32)
-    for r in range(22):
-        storage[r, ks[r]:ke[r]] = torch.randn(int(ke[r] - ks[r]), generator=g)
-    storage = storage.to(device)
-    return storage[:, :42], Chunk(ks.to(device), ke.to(device), token_start=100, token_end=122)
+def _capture(tmp_path: Path, policy: str = "every", **kw: Any) -> VllmCapture:
+    capture = VllmCapture(tmp_path / "cap.zarr", Policy.parse(policy), **kw)
+    capture.install()
+    return capture
 
 
-def _only_case(path: Path) -> Case:
+def _cases(path: Path) -> list[Case]:
     archive = Archive.open(path)
-    assert len(archive.case_ids()) == 1, archive.case_ids()
-    return archive.read(archive.case_ids()[0])
+    return sorted((archive.read(c) for c in archive.case_ids()), key=lambda c: c.case_id)
 
 
-def _assert_matches(case: Case, logits: torch.Tensor, chunk: Chunk, written: torch.Tensor) -> None:
-    logits, ks, ke, written = logits.cpu(), chunk.cu_seqlen_ks.cpu(), chunk.cu_seqlen_ke.cpu(), written.cpu()
-    assert case.rows == 22 and case.cols == 42 and case.row_stride == STRIDE and case.top_k == TOP_K
-    assert case.row_starts.tolist() == ks.tolist() and case.row_ends.tolist() == ke.tolist()
-    assert np.isfinite(case.values).all()  # only [ks, ke) was copied, never the garbage around it
-    for r in range(22):
-        assert torch.equal(case.row(r), logits[r, int(ks[r]):int(ke[r])])
-    assert case.reference_indices is not None
-    assert (case.reference_indices == written.numpy()).all()
-    padded = case.padded()
-    assert padded.stride(0) == STRIDE
+def _summaries(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(path.glob("capture-summary-*.json"))]
 
 
-def test_captures_multi_request_chunk_exactly(installed: VllmCapture, ops: types.ModuleType, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(vllm_plugin.ENV_MODEL, "org/served-model")
-    vllm_plugin._model_facts.cache_clear()
-    logits, chunk = two_request_chunk()
-    written = indexer_prefill(ops, logits, chunk, LAYER)
-    summary = installed.close()
-    assert summary is not None and summary["captured"] == 1  # once, although both wrappers saw the call
-    case = _only_case(tmp_path / "cap.zarr")
-    _assert_matches(case, logits, chunk, written)
-    a = case.attrs
-    assert a["layer_name"] == LAYER and a["layer_index"] == 5 and a["tp_rank"] == 0 and a["rank"] == 0
-    assert a["chunk"] == {"requests": 2, "token_start": 100, "token_end": 122}
-    assert a["index_source"] == "input of vLLM top_k_per_row_prefill" and a["device"] == "cpu"
-    assert a["model"] == "org/served-model" and a["model_source"] == "hub"
-    vllm_plugin._model_facts.cache_clear()
+def _assert_exact(case: Case, step: Step, written: torch.Tensor, rows: slice = slice(None)) -> None:
+    """Row r of the case is the in-bounds part of what the top-k read, bit for bit; the reference indices
+    are what it wrote."""
+    chunk = step.metadata.prefill.chunks[0]
+    ks, ke = chunk.cu_seqlen_ks[rows].cpu(), chunk.cu_seqlen_ke[rows].cpu()
+    seen = step.seen[-1].cpu()
+    assert case.row_starts.tolist() == [0] * case.rows  # compressed: every row from column 0
+    assert case.row_ends.tolist() == (ke - ks).tolist()
+    assert case.cols == chunk.max_seqlen_k and case.row_stride == seen.stride(0) > case.cols
+    assert np.isfinite(case.values).all()  # nothing of the NaN / 3e38 garbage past each row's end
+    for r in range(case.rows):
+        assert torch.equal(case.row(r).view(torch.int32), seen[r, : int(ke[r] - ks[r])].view(torch.int32))
+    assert case.reference_indices is not None and (case.reference_indices == written.cpu().numpy()).all()
 
 
-def test_direct_namespace_calls_are_captured(installed: VllmCapture, op_namespace: object, tmp_path: Path) -> None:
-    logits, chunk = two_request_chunk()
-    written = indexer_prefill(op_namespace, logits, chunk, LAYER)  # older builds call torch.ops._C directly
-    installed.close()
-    _assert_matches(_only_case(tmp_path / "cap.zarr"), logits, chunk, written)
-
-
-def test_default_policy_once_per_layer_and_width(tmp_path: Path, ops: types.ModuleType) -> None:
-    capture = VllmCapture(tmp_path / "cap.zarr", Policy())
-    capture.install(ops)
-    try:
-        logits, chunk = two_request_chunk()
-        for layer in (LAYER, LAYER, "model.layers.6.self_attn.indexer.k_cache"):
-            indexer_prefill(ops, logits, chunk, layer)
-        summary = capture.close()
-    finally:
-        capture.uninstall()
-    assert summary is not None and summary["captured"] == 2
-    assert summary["widths"] == {LAYER: [42], "model.layers.6.self_attn.indexer.k_cache": [42]}
-
-
-def test_single_request_policy_skips_multi_request_chunks(tmp_path: Path, ops: types.ModuleType) -> None:
-    capture = VllmCapture(tmp_path / "cap.zarr", Policy.parse("every,single-request"))
-    capture.install(ops)
-    try:
-        logits, chunk = two_request_chunk()
-        indexer_prefill(ops, logits, chunk, LAYER)
-        single = Chunk(torch.zeros(22, dtype=torch.int32), torch.arange(21, 43, dtype=torch.int32), 0, 22)
-        indexer_prefill(ops, torch.randn(22, 42), single, LAYER)
-        summary = capture.close()
-    finally:
-        capture.uninstall()
-    assert summary is not None and summary["captured"] == 1 and summary["skipped"] == {"multi_request": 1}
-
-
-def test_other_tensor_parallel_ranks_do_not_capture(tmp_path: Path, ops: types.ModuleType) -> None:
-    capture = VllmCapture(tmp_path / "cap.zarr", Policy.parse("every"), ranks={1})
-    capture.install(ops)
-    try:
-        logits, chunk = two_request_chunk()
-        indexer_prefill(ops, logits, chunk, LAYER)
-    finally:
-        capture.uninstall()
-    assert capture.close() is None and not (tmp_path / "cap.zarr").exists()
-
-
-def test_nothing_is_captured_while_a_graph_is_captured(installed: VllmCapture, ops: types.ModuleType,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_plugin, "_capturing_graph", lambda logits: True)
-    logits, chunk = two_request_chunk()
-    indexer_prefill(ops, logits, chunk, LAYER)
-    assert installed.writer is None
-
-
-def test_bad_bounds_disable_capture_but_not_the_kernel(installed: VllmCapture, ops: types.ModuleType,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
-    logits, chunk = two_request_chunk()
-    chunk.cu_seqlen_ke[3] = 500  # beyond the matrix: refused on the host, never read past the row
-    with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
-        written = indexer_prefill(ops, logits, chunk, LAYER)
-        assert installed.writer is not None
+def _worker(out: str, policy: str, kill: bool) -> None:
+    """A vLLM worker: the plugin is loaded in the process, two chunks are captured, and the process ends as
+    a forked multiprocessing child does (os._exit after multiprocessing's exit function), or is SIGKILLed."""
+    torch.set_num_threads(1)  # the parent's OpenMP pool does not survive the fork
+    os.environ[vllm_plugin.ENV_DIR] = out
+    os.environ[vllm_plugin.ENV_POLICY] = policy
+    vllm_plugin.register()
+    layer = _layer()
+    for seed, requests in enumerate((TWO, ONE)):
+        step = _step(layer, requests, seed)
+        run(layer, step)
+        torch.save({"seen": step.seen[-1], "written": layer.indexer.topk_indices_buffer[: step.tokens].clone()},
+                   f"{out}.{seed}.pt")
+    if kill:
+        capture = vllm_plugin._active
+        assert capture is not None and capture.writer is not None
         deadline = time.monotonic() + 30
-        while not installed.writer.failed and time.monotonic() < deadline:  # the writer sees the bounds
+        while capture.writer.captured < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        indexer_prefill(ops, logits, chunk, LAYER)
-        summary = installed.close()
-    expected = torch.empty_like(written)
-    _kernel(logits, chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, expected, 22, STRIDE, 1, TOP_K)
-    assert torch.equal(written, expected)  # the production result is untouched
-    assert not installed.enabled and summary is not None and summary["captured"] == 0
-    assert "row 3 violates 0 <= start <= end <= cols (start=0, end=500, cols=42)" in summary["error"]
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fork(target: Any, *args: Any) -> int | None:
+    process = multiprocessing.get_context("fork").Process(target=target, args=args, daemon=True)
+    process.start()
+    process.join(120)
+    return process.exitcode
+
+
+def test_forked_worker_leaves_both_cases_and_its_summary(tmp_path: Path) -> None:
+    out = tmp_path / "cap.zarr"
+    assert _fork(_worker, str(out), "every", False) == 0
+    cases = _cases(out)
+    assert [c.attrs["chunk"]["requests"] for c in cases] == [2, 1]
+    for seed, (case, requests) in enumerate(zip(cases, (TWO, ONE), strict=True)):
+        saved = torch.load(f"{out}.{seed}.pt")
+        step = Step(None, None, None, 0, [saved["seen"]])  # type: ignore[arg-type]
+        step.metadata = prefill_step(requests, torch.zeros(64, 16), ratio=RATIO).metadata
+        _assert_exact(case, step, saved["written"])
+    a = cases[0].attrs
+    assert a["chunk"]["layout"] == "compressed" and a["chunk"]["row_key_offsets"] == [[0, 10, 0], [10, 22, 30]]
+    assert a["chunk"]["max_seqlen_k"] == 30 and (a["chunk"]["token_start"], a["chunk"]["token_end"]) == (0, 22)
+    assert a["layer_name"] == LAYER and a["layer_index"] == 0 and a["compress_ratio"] == RATIO
+    assert a["engine_version"] == "0.33.0" and a["index_source"] == "input of vLLM top_k_per_row_prefill"
+    [summary] = _summaries(out)
+    assert summary["final"] and summary["captured"] == 2 and summary["error"] is None
+    result = CliRunner().invoke(main, ["replay", str(out), "--strict"])
+    assert result.exit_code == 0, result.output
+
+
+def test_sigkilled_worker_leaves_every_completed_case_and_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "cap.zarr"
+    assert _fork(_worker, str(out), "every", True) == -signal.SIGKILL
+    assert [c.attrs["chunk"]["requests"] for c in _cases(out)] == [2, 1]
+    [summary] = _summaries(out)
+    assert summary["captured"] == 2 and not summary["final"]
+
+
+def test_single_request_policy_skips_the_two_request_chunk(tmp_path: Path) -> None:
+    capture = _capture(tmp_path, "every,single-request")
+    layer = _layer()
+    run(layer, _step(layer, TWO))
+    run(layer, one := _step(layer, ONE, seed=1))
+    summary = capture.close()
+    assert summary is not None and summary["captured"] == 1 and summary["skipped"] == {"multi_request": 1}
+    [case] = _cases(tmp_path / "cap.zarr")
+    _assert_exact(case, one, layer.indexer.topk_indices_buffer[: one.tokens])
+    assert case.attrs["chunk"]["requests"] == 1
+
+
+def _rank(out: str, rank: int, sizes: list[int], init: str) -> None:
+    """One TP rank of a step whose prefill rows are sharded: it scores only its window, then all-gathers."""
+    import vllm.distributed as dist
+
+    torch.set_num_threads(1)
+    dist._TP_RANK, dist._TP_SIZE = rank, len(sizes)
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=len(sizes))
+    os.environ[vllm_plugin.ENV_DIR] = out
+    os.environ[vllm_plugin.ENV_POLICY] = "every"
+    vllm_plugin.register()
+    layer = _layer()
+    step = _step(layer, TWO, row_shard_sizes=sizes)
+    run(layer, step)
+    torch.save({"seen": step.seen[-1], "buffer": layer.indexer.topk_indices_buffer[: step.tokens].clone()},
+               f"{out}.rank{rank}.pt")
+
+
+@pytest.mark.slow
+def test_sharded_rows_are_captured_on_every_rank_with_their_windows(tmp_path: Path) -> None:
+    out, sizes = tmp_path / "cap.zarr", [13, 9]
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=_rank, args=(str(out), r, sizes, f"file://{tmp_path}/pg"), daemon=True)
+             for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    cases = sorted(_cases(out), key=lambda c: c.attrs["row_window"]["start"])
+    assert [(c.attrs["row_window"], c.rows) for c in cases] == [
+        ({"tp_rank": 0, "start": 0, "end": 13}, 13), ({"tp_rank": 1, "start": 13, "end": 22}, 9)]
+    full = prefill_step(TWO, torch.zeros(64, 16), ratio=RATIO)
+    for case, rows in zip(cases, (slice(0, 13), slice(13, 22)), strict=True):
+        saved = torch.load(f"{out}.rank{case.attrs['tensor_parallel']['tp_rank']}.pt")
+        _assert_exact(case, Step(full.metadata, None, None, 0, [saved["seen"]]),  # type: ignore[arg-type]
+                      saved["buffer"][rows], rows)
+        tp = case.attrs["tensor_parallel"]
+        assert tp["row_sharded"] and tp["tp_size"] == 2 and tp["shard_sizes"] == sizes
+        assert (case.attrs["chunk"]["token_start"], case.attrs["chunk"]["token_end"]) == (0, 22)
+    # rank 0's window holds all of request A and 3 rows of B: 2 requests; rank 1's only B
+    assert [c.attrs["chunk"]["requests"] for c in cases] == [2, 1]
+    both = [torch.load(f"{out}.rank{r}.pt")["buffer"] for r in range(2)]
+    assert torch.equal(both[0], both[1])  # after the all-gather every rank holds the whole chunk's indices
+    summaries = sorted(_summaries(out), key=lambda s: s["tensor_parallel"]["tp_rank"])
+    assert [s["tensor_parallel"]["row_sharded_cases"] for s in summaries] == [1, 1]
+    shown = CliRunner().invoke(main, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "tp0 rows 0:13" in shown.output and "tp1 rows 13:22" in shown.output
+
+
+def test_replicated_rows_are_captured_on_rank_0_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm.distributed as dist
+
+    monkeypatch.setattr(dist, "_TP_RANK", 1)
+    monkeypatch.setattr(dist, "_TP_SIZE", 2)
+    capture = _capture(tmp_path)
+    layer = _layer()
+    run(layer, _step(layer, TWO))  # below indexer_tp_shard_min_rows: every rank holds everything
+    assert capture.close() is None and not (tmp_path / "cap.zarr").exists()
+    capture.uninstall()
+    explicit = _capture(tmp_path, ranks={1})
+    run(layer, _step(layer, TWO))
+    summary = explicit.close()
+    assert summary is not None and summary["captured"] == 1
+    assert summary["tensor_parallel"] == {"tp_rank": 1, "tp_size": 2, "row_sharded_cases": 0}
+
+
+def test_default_policy_once_per_layer_and_width(tmp_path: Path) -> None:
+    capture = _capture(tmp_path, "")
+    layer = _layer()
+    for seed in range(3):
+        run(layer, _step(layer, TWO, seed))
+    run(layer, _step(layer, ONE))
+    summary = capture.close()
+    assert summary is not None and summary["captured"] == 2 and summary["widths"] == {LAYER: [24, 30]}
+
+
+def test_nothing_is_captured_while_a_graph_is_captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_plugin, "_capturing_graph", lambda logits: True)
+    capture = _capture(tmp_path)
+    layer = _layer()
+    run(layer, _step(layer, TWO))
+    assert capture.writer is None
+
+
+def test_close_waits_a_bounded_time(tmp_path: Path) -> None:
+    capture = _capture(tmp_path)
+    layer = _layer()
+    run(layer, _step(layer, ONE))
+    assert capture.writer is not None
+    with held(capture.writer):
+        run(layer, _step(layer, TWO))
+        started = time.monotonic()
+        summary = capture.close(timeout=0.2)
+        assert time.monotonic() - started < 5
+    assert summary is not None and summary["unwritten"] >= 1 and "still unwritten" in summary["error"]
+
+
+def test_bad_layout_disables_capture_but_not_the_kernel(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import vllm._custom_ops as ops
+
+    capture = _capture(tmp_path)
+    logits = torch.randn(4, 64)[:, :32]
+    written = torch.empty(4, TOP_K, dtype=torch.int32)
+    ends = torch.full((4,), 32, dtype=torch.int32)
+    with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
+        ops.top_k_per_row_prefill(logits, torch.zeros_like(ends), ends, written, 4, 32, 1, TOP_K)  # stride lies
+    assert not capture.enabled and "do not match stride0=32" in (capture.error or "")
+    assert (written >= 0).all()  # the production kernel ran
     assert len([r for r in caplog.records if "capture disabled" in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_plugin_never_syncs_the_model_thread(device: str, ops: types.ModuleType, tmp_path: Path) -> None:
-    capture = VllmCapture(tmp_path / "cap.zarr", Policy())
-    capture.install(ops)
-    try:
-        logits, chunk = two_request_chunk(device)
-        indexer_prefill(ops, logits, chunk, LAYER)  # the first call opens the writer
-        deadline = time.monotonic() + 60
-        while capture.writer is not None and capture.writer.captured < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)  # and is written before the sync check, which is process-wide on CUDA
-        assert capture.writer is not None and capture.writer.captured == 1
-        other = "model.layers.6.self_attn.indexer.k_cache"
-        with held(capture.writer), no_host_sync(device):
-            written = indexer_prefill(ops, logits, chunk, other)  # the first of its (layer, width): kept
-            indexer_prefill(ops, logits, chunk, LAYER)  # refused from its shape
-        summary = capture.close()
-    finally:
-        capture.uninstall()
+def test_the_plugin_never_syncs_the_model_thread(device: str, tmp_path: Path) -> None:
+    capture = _capture(tmp_path, "")
+    layer = _layer(device)
+    run(layer, _step(layer, ONE))  # the first call opens the writer
+    deadline = time.monotonic() + 60
+    while capture.writer is not None and capture.writer.captured < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # and is written before the sync check, which is process-wide on CUDA
+    assert capture.writer is not None and capture.writer.captured == 1
+    two = _step(layer, TWO)
+    with held(capture.writer), no_host_sync(device):
+        run(layer, two)  # the stand-in kernels do not sync either
+    summary = capture.close()
     assert capture.error is None and summary is not None and summary["error"] is None
-    assert summary["captured"] == 2 and summary["widths"] == {LAYER: [42], other: [42]}
-    case = next(c for c in Archive.open(tmp_path / "cap.zarr") if c.attrs["layer_name"] == other)
-    _assert_matches(case, logits, chunk, written)
-    assert case.attrs["chunk"] == {"requests": 2, "token_start": 100, "token_end": 122}
+    assert summary["captured"] == 2
+    case = next(c for c in _cases(tmp_path / "cap.zarr") if c.attrs["chunk"]["requests"] == 2)
+    _assert_exact(case, two, layer.indexer.topk_indices_buffer[: two.tokens])
+    assert case.attrs["device"] == (torch.cuda.get_device_name() if device == "cuda" else "cpu")
 
 
-def test_uninstall_restores_the_originals(tmp_path: Path, ops: types.ModuleType, op_namespace: object) -> None:
-    before = (ops.top_k_per_row_prefill, op_namespace.top_k_per_row_prefill)  # type: ignore[attr-defined]
-    capture = VllmCapture(tmp_path / "cap.zarr", Policy())
-    capture.install(ops, op_namespace)
-    assert ops.top_k_per_row_prefill is not before[0]  # type: ignore[attr-defined]
+def test_uninstall_restores_the_originals(tmp_path: Path) -> None:
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers import indexer_topk
+
+    before = (ops.top_k_per_row_prefill, torch.ops._C.top_k_per_row_prefill, indexer_topk.deep_select_topk)
+    capture = _capture(tmp_path)
+    assert ops.top_k_per_row_prefill is not before[0] and indexer_topk.deep_select_topk is not before[2]
     # code that inspects the op (its overloads, its schema) still sees the original's
-    assert op_namespace.top_k_per_row_prefill.default is before[1].default  # type: ignore[attr-defined]
+    assert torch.ops._C.top_k_per_row_prefill.default is before[1].default
     capture.uninstall()
-    assert (ops.top_k_per_row_prefill, op_namespace.top_k_per_row_prefill) == before  # type: ignore[attr-defined]
+    assert (ops.top_k_per_row_prefill, torch.ops._C.top_k_per_row_prefill, indexer_topk.deep_select_topk) == before
 
 
 def test_plugin_is_registered_and_off_without_its_variable(monkeypatch: pytest.MonkeyPatch,
@@ -274,25 +326,28 @@ def test_plugin_is_registered_and_off_without_its_variable(monkeypatch: pytest.M
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_capture_skips_graph_capture_and_stages_through_pinned_memory(
-        installed: VllmCapture, ops: types.ModuleType, tmp_path: Path) -> None:
-    logits, chunk = two_request_chunk("cuda")
-    static_out = torch.empty(22, TOP_K, dtype=torch.int32, device="cuda")
-    indexer_prefill(ops, logits, chunk, LAYER)  # warm up outside the graph (captured once, as usual)
+def test_cuda_capture_skips_graph_capture_and_stages_through_pinned_memory(tmp_path: Path) -> None:
+    import vllm._custom_ops as ops
+
+    capture = _capture(tmp_path)
+    layer = _layer("cuda")
+    step = _step(layer, TWO)
+    run(layer, step)  # captured once, as usual
     deadline = time.monotonic() + 60
-    while installed.writer is not None and installed.writer.captured < 1 and time.monotonic() < deadline:
+    while capture.writer is not None and capture.writer.captured < 1 and time.monotonic() < deadline:
         time.sleep(0.01)  # a graph capture forbids the writer's host allocations and syncs: let it finish
+    logits = step.seen[-1].clone()
+    chunk = step.metadata.prefill.chunks[0]
+    ends = chunk.cu_seqlen_ke - chunk.cu_seqlen_ks
+    static_out = torch.empty(step.tokens, TOP_K, dtype=torch.int32, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.top_k_per_row_prefill(logits, chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, static_out, 22,  # type: ignore[attr-defined]
+        ops.top_k_per_row_prefill(logits, torch.zeros_like(ends), ends, static_out, step.tokens,
                                   logits.stride(0), 1, TOP_K)
     graph.replay()
-    written = indexer_prefill(ops, logits, chunk, LAYER)
     torch.cuda.synchronize()
-    summary = installed.close()
-    assert summary is not None and summary["captured"] == 2 and installed.error is None
-    archive = Archive.open(tmp_path / "cap.zarr")
-    for cid in archive.case_ids():
-        case = archive.read(cid)
-        _assert_matches(case, logits, chunk, written)
-        assert case.attrs["device"] == torch.cuda.get_device_name()
+    summary = capture.close()
+    assert summary is not None and summary["captured"] == 1 and capture.error is None
+    [case] = _cases(tmp_path / "cap.zarr")
+    _assert_exact(case, step, layer.indexer.topk_indices_buffer[: step.tokens])
+    assert case.attrs["device"] == torch.cuda.get_device_name()

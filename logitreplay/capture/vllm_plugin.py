@@ -1,26 +1,41 @@
-"""vLLM serving plugin: capture the logits that vLLM's sparse-attention indexer hands to its prefill top-k.
+"""vLLM serving plugin: capture the logits that vLLM 0.33's sparse-attention indexer hands to its top-k.
 
 vLLM loads every `vllm.general_plugins` entry point in each of its processes (API server, engine core,
-every worker). `register` does nothing unless `LOGITREPLAY_CAPTURE_DIR` is set; then it wraps
-`vllm._custom_ops.top_k_per_row_prefill` and, for builds whose indexer calls the op directly,
-`torch.ops._C.top_k_per_row_prefill`. The wrapper first runs the production kernel, then, if the policy
-wants the matrix (decided from its layer and width alone), stages a device copy of it for the writer,
-without ever reading ks/ke on the host (that would stall the model's thread on its stream), and keeps:
+every worker). `register` does nothing unless `LOGITREPLAY_CAPTURE_DIR` is set; then it wraps the call
+sites in `SITES`. Each wrapper first runs the production function, then, if the policy wants the call
+(decided from its layer and width alone), stages device copies for the writer without ever reading
+device data on the host (that would stall the model's thread on its stream). The sites:
 
-- only each row's `[ks, ke)`: vLLM computes the logits with `clean_logits=False`, so everything outside
-  the bounds is uninitialized memory and not data (the writer cuts the rows on the host, and refuses
-  bounds outside the matrix there);
-- ks/ke, the row stride (DeepGEMM pads rows), the indices the production kernel wrote (before any
-  context-parallel merge rewrites them), the layer name (the indexer's `k_cache_prefix`, read from the
-  calling frame), the chunk's token range and its number of requests (distinct ks values);
-- never while a CUDA graph is being captured (the copy would be baked into the graph), and by default on
-  tensor-parallel rank 0 only (the indexer is replicated across TP ranks, so other ranks hold the same data).
+- `top_k_per_row_prefill` on `vllm._custom_ops` (looked up at call time by `sparse_attn_indexer`) and on
+  `torch.ops._C` (for builds that call the op directly): the prefill top-k of DeepSeek V3.2/V4/V4.1
+  over fp32 compressed logits (row i holds its own keys from column 0; the tail past `rowEnds` is
+  uninitialized memory, never data);
+- `deep_select_topk` on `vllm.model_executor.layers.indexer_topk` and on the modules that import it by
+  name (`kernels/attention/dsa/sparse_mqa_logits.py`, `candidate_blocks.py`): DeepSeek V4.1's top-k over
+  bf16 sparse logits (`attention_config.indexer_sparse_logits`) and the candidate source's block
+  selection. Patched before those modules are imported, the name they bind is the wrapper.
+
+The chunk's layout, the TP row window and the calling layer come from the calling frames
+(`vllm_frames`). A case is never staged while a CUDA graph is being captured (the copy would be baked
+into the graph). Ranks: by default tensor-parallel rank 0 captures replicated rows (every rank holds the
+same), and every rank captures its own row window when vLLM shards prefill rows across TP ranks.
+
+Extension point: a new intercepted call (e.g. decode's `top_k_per_row_decode` or `SparseIndexerTopk.
+forward`) is one more `Site` in `SITES`: the attribute to wrap, where to find it, and a `read` function
+that turns a call's arguments and calling frame into a `Call` (or None: not one to capture). Wrapping,
+the rank and policy decisions, staging and the writer are shared (`VllmCapture.offer`).
+
+Every way a vLLM process ends flushes the writer, with a bounded wait: forked workers and engine cores
+end in `os._exit` after multiprocessing's exit function, which runs `multiprocessing.util.Finalize`
+callbacks (atexit does not run there); spawned and main processes run atexit. A process killed with
+SIGKILL leaves every completed case readable and its last run summary.
 
 Environment:
   LOGITREPLAY_CAPTURE_DIR            archive directory (created or appended to); unset = plugin off
   LOGITREPLAY_CAPTURE_POLICY         policy spec, as `capture hf --policy` (default: first per layer, width)
-  LOGITREPLAY_CAPTURE_RANKS          `0` (default), `all`, or TP ranks like `0+1`
+  LOGITREPLAY_CAPTURE_RANKS          `auto` (default), `all`, or TP ranks like `0+1`
   LOGITREPLAY_CAPTURE_PENDING_BYTES  device bytes staged but not yet written before dropping (default 4G)
+  LOGITREPLAY_CAPTURE_EXIT_WAIT      seconds an exiting process waits for its staged cases (default 60)
   LOGITREPLAY_CAPTURE_MODEL          model id (or path) to record; vLLM keeps its config current only while
   LOGITREPLAY_CAPTURE_REVISION       building the model, so at kernel time a worker may not know it
 """
@@ -29,18 +44,22 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib
 import logging
+import multiprocessing.util
 import os
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import torch
 
-from logitreplay.capture.hooks import layer_number
+from logitreplay.capture import vllm_frames
 from logitreplay.capture.policy import Policy, PolicyState, parse_size
+from logitreplay.capture.vllm_frames import Layer
 from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
 
 log = logging.getLogger("logitreplay.capture")
@@ -49,10 +68,44 @@ ENV_DIR = "LOGITREPLAY_CAPTURE_DIR"
 ENV_POLICY = "LOGITREPLAY_CAPTURE_POLICY"
 ENV_RANKS = "LOGITREPLAY_CAPTURE_RANKS"
 ENV_PENDING = "LOGITREPLAY_CAPTURE_PENDING_BYTES"
+ENV_EXIT_WAIT = "LOGITREPLAY_CAPTURE_EXIT_WAIT"
 ENV_MODEL = "LOGITREPLAY_CAPTURE_MODEL"
 ENV_REVISION = "LOGITREPLAY_CAPTURE_REVISION"
+AUTO = "auto"
 OP_NAME = "top_k_per_row_prefill"
+DEEP_SELECT = "deep_select_topk"
+_DEEP_SELECT_BINDERS = ("vllm.model_executor.kernels.attention.dsa.sparse_mqa_logits",
+                        "vllm.model_executor.kernels.attention.dsa.candidate_blocks")
 _active: VllmCapture | None = None
+
+
+@dataclass
+class Call:
+    """One intercepted top-k call, as a case will record it. Tensors stay on the model's device."""
+
+    matrix: torch.Tensor  # (rows, cols) view the kernel read
+    starts: torch.Tensor  # (rows,) row bounds in the matrix's columns
+    ends: torch.Tensor
+    reference: torch.Tensor  # (rows, top_k) indices the production kernel wrote
+    top_k: int
+    row_stride: int
+    layer: Layer
+    requests: int | None  # None: counted by the writer from key_offsets (or distinct starts)
+    key_offsets: torch.Tensor | None
+    attrs: dict[str, Any]
+    shard: dict[str, Any] | None = None  # TP row window: {"start", "stop", "sizes"}
+    row_window: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Site:
+    """An intercepted call site: the attribute `name` wrapped on every object `targets()` returns, and
+    `read(args, kwargs, result, caller_frame)` turning one call into a `Call` (None: not captured)."""
+
+    name: str
+    targets: Callable[[], list[Any]]
+    read: Callable[[tuple[Any, ...], dict[str, Any], Any, FrameType | None], Call | None]
+    source: str  # recorded as the cases' `index_source`
 
 
 def register() -> None:
@@ -62,18 +115,17 @@ def register() -> None:
         return
     try:
         import vllm
-        import vllm._custom_ops as ops
 
-        ranks_spec = os.environ.get(ENV_RANKS, "0").strip().lower()
+        spec = os.environ.get(ENV_RANKS, AUTO).strip().lower()
         capture = VllmCapture(
             directory,
             Policy.parse(os.environ.get(ENV_POLICY, "")),
-            ranks=None if ranks_spec == "all" else {int(r) for r in ranks_spec.split("+")},
+            ranks=spec if spec == AUTO else None if spec == "all" else {int(r) for r in spec.split("+")},
             max_pending_bytes=parse_size(os.environ.get(ENV_PENDING, str(DEFAULT_MAX_PENDING_BYTES))),
+            exit_wait_s=float(os.environ.get(ENV_EXIT_WAIT, "60")),
             provenance={"engine": "vllm", "engine_version": getattr(vllm, "__version__", None)},
         )
-        capture.install(ops, torch.ops._C)
-        atexit.register(capture.close)
+        capture.install()
     except Exception as e:
         log.error("logitreplay capture not enabled: %s: %s", type(e).__name__, e)
 
@@ -81,85 +133,116 @@ def register() -> None:
 class VllmCapture:
     """The wrapper state of one process: policy selection, a lazily created writer, the patched targets."""
 
-    def __init__(self, directory: str | os.PathLike[str], policy: Policy, *, ranks: set[int] | None = None,
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 provenance: dict[str, Any] | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike[str], policy: Policy, *,
+                 ranks: set[int] | str | None = AUTO, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 exit_wait_s: float = 60.0, provenance: dict[str, Any] | None = None) -> None:
         self.directory = directory
+        self.policy = policy
         self.selection = PolicyState(policy)
-        self.ranks = ranks
+        self.ranks = ranks  # AUTO, None (all), or a set of TP ranks
         self.max_pending_bytes = max_pending_bytes
+        self.exit_wait_s = exit_wait_s
         self.provenance = dict(provenance or {})
         self.writer: CaptureWriter | None = None
         self.enabled = True
         self.error: str | None = None
-        self._rank: tuple[int, int] | None = None  # (tensor-parallel rank, global rank), known at first call
+        self._pid = os.getpid()
+        self._rank: tuple[int, int, int | None] | None = None  # (TP rank, global rank, TP size)
+        self._sharded_cases = 0
         self._inside = threading.local()
-        self._patched: list[tuple[Any, Any]] = []  # (target object, original attribute)
+        self._patched: list[tuple[Any, str, Any]] = []  # (target, attribute, original)
 
-    def install(self, *targets: Any) -> int:
-        """Wrap `top_k_per_row_prefill` on each target that has it (a module or a `torch.ops` namespace);
-        returns how many were wrapped. Called through both, a call is captured once."""
+    def install(self, sites: tuple[Site, ...] | None = None) -> int:
+        """Wrap each site's attribute on each of its targets that has it; returns how many were wrapped.
+        A call seen through two wrappers (the module function and the op it forwards to) is captured once."""
         global _active
-        for target in targets:
-            try:
-                original = getattr(target, OP_NAME)
-            except (AttributeError, RuntimeError):
-                continue
-            setattr(target, OP_NAME, _Wrapped(self, original))
-            self._patched.append((target, original))
+        for site in SITES if sites is None else sites:
+            for target in site.targets():
+                try:
+                    original = getattr(target, site.name)
+                except (AttributeError, RuntimeError):
+                    continue
+                if isinstance(original, _Wrapped):
+                    continue
+                setattr(target, site.name, _Wrapped(self, original, site))
+                self._patched.append((target, site.name, original))
         if not self._patched:
-            raise RuntimeError(f"no {OP_NAME} found to wrap")
+            raise RuntimeError(f"none of {', '.join(s.name for s in SITES)} found to wrap")
         _active = self
         return len(self._patched)
 
     def uninstall(self) -> None:
         global _active
-        for target, original in reversed(self._patched):
-            setattr(target, OP_NAME, original)
+        for target, name, original in reversed(self._patched):
+            setattr(target, name, original)
         self._patched.clear()
         if _active is self:
             _active = None
 
-    def close(self) -> dict[str, Any] | None:
-        """Flush and write the run summary (also registered with atexit in a vLLM process)."""
-        return self.writer.close() if self.writer is not None else None
+    def close(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """Flush (waiting at most `timeout` s, default unbounded) and write this process's run summary.
+        Registered at this process's exit when its writer starts."""
+        if self.writer is None or self._pid != os.getpid():
+            return None
+        return self.writer.close(timeout)
 
-    def _after(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-               indices: torch.Tensor, rows: int, stride0: int, stride1: int, top_k: int) -> None:
+    def offer(self, site: Site, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+              frame: FrameType | None) -> None:
+        """One production call, after it ran: stage it for the writer if the ranks and the policy want it.
+        Never raises (an error is logged once and turns capture off)."""
         try:
+            if self._pid != os.getpid():
+                self._forked()
             if self.writer is not None and self.writer.failed:  # it has logged why; stop asking
                 self.enabled = False
                 return
-            if self.selection.exhausted() or _capturing_graph(logits) or not self._rank_wanted():
+            if self.selection.exhausted() or (args and _capturing_graph(args[0])):
                 return
-            layer_name, chunk = _caller_facts(sys._getframe(2))  # _after <- _Wrapped.__call__ <- caller
-            number = layer_number(layer_name)
-            layer_index = -1 if number is None else number
-            cols = int(logits.shape[1])
-            if not self.selection.wants(layer_index, cols):
+            call = site.read(args, kwargs, result, frame)
+            if call is None or not self._rank_wanted(call.shard is not None):
                 return
-            if stride1 != 1 or logits.stride(1) != 1 or logits.stride(0) != stride0:
-                raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
-                                   f"stride0={stride0}, stride1={stride1}")
-            if self.writer is None:
-                self.writer = CaptureWriter(self.directory, self.selection, rank=self._global_rank(),
-                                            max_pending_bytes=self.max_pending_bytes)
-            attrs = {
-                **self.provenance,
-                **_model_facts(),
-                "layer_name": layer_name,
-                "layer_index": layer_index,
-                "index_source": f"input of vLLM {OP_NAME}",
-                "reference_source": f"indices written by vLLM {OP_NAME}",
-                "tp_rank": self._tp_rank(),
-                "chunk": chunk,  # the writer adds the number of requests: distinct ks values
-                "device": torch.cuda.get_device_name(logits.device) if logits.is_cuda else str(logits.device),
-            }
-            self.writer.submit(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k],
-                               top_k=top_k, row_stride=stride0, layer_index=layer_index, layer_name=layer_name,
-                               requests=None, attrs=attrs)
-        except Exception as e:  # never into the model: log once and stop capturing
+            if not self.selection.wants(call.layer.index, int(call.matrix.shape[1])):
+                return
+            writer = self._writer()
+            attrs = {**self.provenance, **_model_facts(), **call.attrs, "index_source": site.source,
+                     "tensor_parallel": self._tp_attrs(call), "device": _device_name(call.matrix.device)}
+            if call.row_window is not None:
+                attrs["row_window"] = {"tp_rank": self._ranks()[0], "start": call.row_window[0],
+                                       "end": call.row_window[1]}
+            staged = writer.submit(call.matrix, call.starts, call.ends, call.reference, top_k=call.top_k,
+                                   row_stride=call.row_stride, layer_index=call.layer.index,
+                                   layer_name=call.layer.name, requests=call.requests, attrs=attrs,
+                                   key_offsets=call.key_offsets)
+            if staged and call.shard is not None:
+                self._sharded_cases += 1
+                writer.note("tensor_parallel", {
+                    **self._tp_attrs(call), "row_sharded_cases": self._sharded_cases,
+                    "note": "prefill rows are sharded across TP ranks: each of this rank's sharded cases "
+                            "holds its own row window; the other ranks' summaries hold the rest"})
+        except Exception as e:  # never into the model
             self._fail(f"{type(e).__name__}: {e}")
+
+    def _writer(self) -> CaptureWriter:
+        if self.writer is None:
+            self.writer = CaptureWriter(self.directory, self.selection, rank=self._ranks()[1],
+                                        max_pending_bytes=self.max_pending_bytes)
+            self.writer.note("tensor_parallel", {"tp_rank": self._ranks()[0], "tp_size": self._ranks()[2],
+                                                 "row_sharded_cases": 0})
+            flush = functools.partial(self.close, self.exit_wait_s)
+            # Forked multiprocessing children (vLLM's workers and engine core) end in os._exit right after
+            # multiprocessing's exit function, which runs these; other processes run atexit.
+            multiprocessing.util.Finalize(None, flush, exitpriority=10)
+            atexit.register(flush)
+        return self.writer
+
+    def _forked(self) -> None:
+        """First call in a child forked after this capture started: the parent's writer thread does not
+        exist here and its staged matrices are the parent's; start afresh with this process's own."""
+        self._pid = os.getpid()
+        self.writer = None
+        self.selection = PolicyState(self.policy)
+        self._rank = None
+        self._sharded_cases = 0
 
     def _fail(self, message: str) -> None:
         self.enabled = False
@@ -167,36 +250,45 @@ class VllmCapture:
             self.error = message
             log.error("logitreplay capture disabled: %s", message)
 
-    def _rank_wanted(self) -> bool:
-        return self.ranks is None or self._tp_rank() in self.ranks
+    def _rank_wanted(self, sharded: bool) -> bool:
+        if self.ranks == AUTO:
+            return sharded or self._ranks()[0] == 0
+        return self.ranks is None or (isinstance(self.ranks, set) and self._ranks()[0] in self.ranks)
 
-    def _tp_rank(self) -> int:
-        return self._ranks()[0]
+    def _tp_attrs(self, call: Call) -> dict[str, Any]:
+        tp_rank, _, tp_size = self._ranks()
+        out: dict[str, Any] = {"tp_rank": tp_rank, "tp_size": tp_size, "row_sharded": call.shard is not None}
+        if call.shard is not None:
+            out.update(tp_size=len(call.shard["sizes"]), shard_rows=[call.shard["start"], call.shard["stop"]],
+                       shard_sizes=call.shard["sizes"])
+        return out
 
-    def _global_rank(self) -> int:
-        return self._ranks()[1]
-
-    def _ranks(self) -> tuple[int, int]:
+    def _ranks(self) -> tuple[int, int, int | None]:
         if self._rank is None:
             dist = torch.distributed
             global_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            tp_rank, tp_size = global_rank, None
             try:
-                from vllm.distributed import get_tensor_model_parallel_rank
+                from vllm.distributed import (
+                    get_tensor_model_parallel_rank,
+                    get_tensor_model_parallel_world_size,
+                )
 
-                tp_rank = int(get_tensor_model_parallel_rank())
+                tp_rank, tp_size = int(get_tensor_model_parallel_rank()), int(get_tensor_model_parallel_world_size())
             except Exception:
-                tp_rank = global_rank
-            self._rank = (tp_rank, global_rank)
+                pass
+            self._rank = (tp_rank, global_rank, tp_size)
         return self._rank
 
 
 class _Wrapped:
-    """Stands in for the op: runs the original, then offers the call to the capture. Every other attribute
-    (`.default`, overloads, the schema) is the original's, so code that inspects the op keeps working."""
+    """Stands in for a wrapped function or op: runs the original, then offers the call to the capture.
+    Every other attribute (`.default`, overloads, the schema) is the original's."""
 
-    def __init__(self, capture: VllmCapture, original: Callable[..., Any]) -> None:
+    def __init__(self, capture: VllmCapture, original: Callable[..., Any], site: Site) -> None:
         self._capture = capture
         self._original = original
+        self._site = site
         self.__wrapped__ = original
 
     def __getattr__(self, name: str) -> Any:
@@ -204,41 +296,97 @@ class _Wrapped:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         capture = self._capture
-        if getattr(capture._inside, "active", False):  # the outer wrapper of this same call captures
+        if getattr(capture._inside, "active", False):  # an outer wrapper of this same call captures
             return self._original(*args, **kwargs)
         capture._inside.active = True
         try:
             result = self._original(*args, **kwargs)
         finally:
             capture._inside.active = False
-        # (logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k), as vLLM passes them
-        if capture.enabled and len(args) == 8 and not kwargs:
-            logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k = args
-            capture._after(logits, row_starts, row_ends, indices, int(num_rows), int(stride0), int(stride1),
-                           int(top_k))
+        if capture.enabled:
+            capture.offer(self._site, args, kwargs, result, sys._getframe(1))
         return result
 
 
-def _capturing_graph(logits: torch.Tensor) -> bool:
+def _read_prefill(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+                  frame: FrameType | None) -> Call | None:
+    """`top_k_per_row_prefill(logits, rowStarts, rowEnds, indices, numRows, stride0, stride1, topK)`,
+    positional as `sparse_attn_indexer` passes it."""
+    if len(args) != 8 or kwargs:
+        return None
+    logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k = args
+    rows, top_k = int(num_rows), int(top_k)
+    if int(stride1) != 1 or logits.stride(1) != 1 or logits.stride(0) != int(stride0):
+        raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
+                           f"stride0={stride0}, stride1={stride1}")
+    facts = vllm_frames.prefill_call(frame)
+    if facts is None:  # not called by sparse_attn_indexer: only the arguments are known
+        return Call(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k], top_k,
+                    int(stride0), vllm_frames.calling_layer(frame, None), None, None, {"chunk": {}})
+    ks = facts.key_offsets
+    attrs: dict[str, Any] = {**facts.layer.attrs(), "logits_kind": "mqa_logits", "chunk": facts.chunk_attrs(),
+                             "reference_source": f"indices written by vLLM {OP_NAME}"}
+    if facts.candidate:
+        attrs["candidate"] = facts.candidate
+    return Call(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k], top_k, int(stride0),
+                facts.layer, facts.num_reqs if facts.whole_chunk else None,
+                ks[:rows] if ks is not None and ks.shape[0] >= rows else None, attrs, facts.shard,
+                None if facts.shard is None else (facts.row_start, facts.row_end))
+
+
+def _read_deep_select(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+                      frame: FrameType | None) -> Call | None:
+    """`deep_select_topk(input, topk, end=None, output_idx=None, indices_dtype=int32) -> indices`."""
+    facts = vllm_frames.selection_call(frame)
+    if facts is None or not args or not isinstance(result, torch.Tensor):
+        return None
+    logits = args[0]
+    top_k = int(args[1] if len(args) > 1 else kwargs["topk"])
+    end = args[2] if len(args) > 2 else kwargs.get("end")
+    rows, cols = (int(n) for n in logits.shape)
+    ends = end if end is not None else torch.full((rows,), cols, dtype=torch.int32, device=logits.device)
+    ks = facts.key_offsets
+    attrs = {**facts.layer.attrs(), "logits_kind": facts.kind, "chunk": facts.chunk, **facts.details,
+             "reference_source": f"indices written by vLLM {DEEP_SELECT} (DeepSelect)"}
+    if facts.kind == "sparse_mqa_logits":
+        attrs["sparse_logits"] = {"dtype": "bfloat16", "columns": "candidate tokens only: column j * "
+                                  "sparse_block_kv + o scores sparse block sparse_indices[row, j]"}
+    return Call(logits, torch.zeros_like(ends), ends, result[:rows, :top_k], top_k, int(logits.stride(0)),
+                facts.layer, facts.num_reqs, ks if ks is not None and ks.shape[0] == rows else None, attrs)
+
+
+def _prefill_targets() -> list[Any]:
+    import vllm._custom_ops as ops
+
+    return [ops, torch.ops._C]
+
+
+def _deep_select_targets() -> list[Any]:
+    """The defining module (patched before its importers bind the name, they bind the wrapper) and the
+    importers already loaded."""
+    try:
+        defining = [importlib.import_module("vllm.model_executor.layers.indexer_topk")]
+    except Exception as e:  # an old vLLM, or a platform without it: the prefill site still works
+        log.debug("logitreplay capture: no %s: %s", DEEP_SELECT, e)
+        defining = []
+    return defining + [sys.modules[m] for m in _DEEP_SELECT_BINDERS if m in sys.modules]
+
+
+SITES: tuple[Site, ...] = (
+    Site(OP_NAME, _prefill_targets, _read_prefill, f"input of vLLM {OP_NAME}"),
+    Site(DEEP_SELECT, _deep_select_targets, _read_deep_select, f"input of vLLM {DEEP_SELECT}"),
+)
+
+
+def _capturing_graph(logits: Any) -> bool:
     """True while a CUDA graph is being captured on this stream: a copy made now would be baked into the
     graph and replayed with every later step."""
-    return logits.is_cuda and torch.cuda.is_current_stream_capturing()
+    return isinstance(logits, torch.Tensor) and logits.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _caller_facts(frame: FrameType | None, depth: int = 6) -> tuple[str, dict[str, Any]]:
-    """The layer name and chunk facts from vLLM's indexer function that called the op (a few frames up):
-    its `k_cache_prefix` local names the layer's indexer cache, its `chunk` local the prefill chunk."""
-    for _ in range(depth):
-        if frame is None:
-            break
-        local = frame.f_locals
-        if "k_cache_prefix" in local:
-            chunk = local.get("chunk")
-            facts = {k: int(v) for k in ("token_start", "token_end")
-                     if isinstance(v := getattr(chunk, k, None), int)}
-            return str(local["k_cache_prefix"]), facts
-        frame = frame.f_back
-    return "unknown", {}
+@functools.cache
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
 
 
 @functools.cache
@@ -263,5 +411,5 @@ def _model_facts() -> dict[str, Any]:
     return model_provenance(model, revision, None)
 
 
-__all__ = ["ENV_DIR", "ENV_MODEL", "ENV_PENDING", "ENV_POLICY", "ENV_RANKS", "ENV_REVISION", "VllmCapture",
-           "register"]
+__all__ = ["AUTO", "ENV_DIR", "ENV_EXIT_WAIT", "ENV_MODEL", "ENV_PENDING", "ENV_POLICY", "ENV_RANKS",
+           "ENV_REVISION", "SITES", "Call", "Site", "VllmCapture", "register"]

@@ -12,7 +12,9 @@ model's stream and leave the GPU idle while Python launches the next kernels.
 3. on the host, the same thread checks the bounds, counts the exact in-range bytes, applies what the policy
    could not decide from shapes (single-request-only), gathers each row's [start, end) into the ragged
    values, and writes the `Case` with `Archive.write`, which marks the case complete last, so a process
-   killed at any point leaves every finished case readable.
+   killed at any point leaves every finished case readable. The run summary is rewritten (atomically)
+   after every case, so even a process killed with SIGKILL leaves one that counts its finished cases;
+   `close` writes the final one.
 Staging the whole matrix costs more device memory than its in-range cells, but their count is only known
 after a sync. The queue between 1 and 2 is bounded (in cases and in staged device bytes): when it is full
 the matrix is dropped and counted, never waited for. Any error in the writer is logged once and turns the
@@ -21,6 +23,7 @@ writer off.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -50,14 +53,16 @@ _WRITERS = itertools.count(1)
 class _Staged:
     layer_index: int
     layer_name: str
-    # On the model's device until the writer copies them: the (rows, cols) matrix, the (2 or 3, rows) int64
-    # bounds (starts, ends[, attended]), and the (rows, top_k) int32 reference indices when there are any.
+    # On the model's device until the writer copies them: the (rows, cols) matrix, the (len(bound_rows),
+    # rows) int64 bounds (starts, ends[, attended][, key_offsets]), and the (rows, top_k) int32 reference
+    # indices when there are any.
     tensors: tuple[torch.Tensor, ...]
     ready: torch.cuda.Event | None  # recorded on the model's stream after the copies
     top_k: int
     cols: int
     row_stride: int
     requests: int | None
+    bound_rows: tuple[str, ...]
     charged: int  # bytes the policy's budget was charged (the whole matrix), settled once exact
     staged: int  # device bytes held until the case is written
     attrs: dict[str, Any]
@@ -85,12 +90,18 @@ class CaptureWriter:
         self.bytes = 0
         self.widths: dict[str, set[int]] = {}
         self.error: str | None = None
+        # Sections a front end adds to the run summary, by name (the vLLM plugin's `tensor_parallel`).
+        # Per-forward records of every indexer call seen (stored or not) belong here too, as `calls`.
+        self.notes: dict[str, Any] = {}
+        self.unwritten = 0  # matrices still queued when `close` gave up waiting
         self._seq = 0
         self._pending_bytes = 0
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Staged | None] = queue.Queue(maxsize=max_pending)
         self._sides: dict[torch.device, torch.cuda.Stream] = {}
         self._closed = False
+        self._summary_lock = threading.Lock()
+        self._final_written = False
         self._thread = threading.Thread(target=self._run, name=f"logitreplay-writer-{self.prefix}", daemon=True)
         self._thread.start()
 
@@ -100,19 +111,24 @@ class CaptureWriter:
 
     def submit(self, matrix: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, reference: torch.Tensor | None,
                *, top_k: int, row_stride: int, layer_index: int, layer_name: str, requests: int | None,
-               attrs: dict[str, Any], attended: torch.Tensor | None = None) -> bool:
+               attrs: dict[str, Any], attended: torch.Tensor | None = None,
+               key_offsets: torch.Tensor | None = None) -> bool:
         """Offer one matrix (called on the model's thread, inside its stream). Returns whether it was staged.
 
         `matrix` is the (rows, cols) view the kernel read and `starts`/`ends` its row bounds, on the same
         device; nothing here reads device data on the host, so it never blocks on the model's stream.
-        `requests` is the number of requests the rows belong to when the shapes tell (a batch), None when
-        only the bounds do (rows of several requests concatenated: then it is counted on the host as the
-        distinct row starts). `attended`, when given, is each row's number of columns the bounds were
+        `requests` is the number of requests the rows belong to when the caller knows it (a batch, vLLM's
+        `chunk.num_reqs`), None when only device data does: then it is counted on the host, from
+        `key_offsets` when given, else as the distinct row starts. `key_offsets` is each row's offset in
+        its chunk's key buffer (vLLM's `cu_seqlen_ks`: constant within a request), needed where every row
+        starts at column 0 (vLLM's compressed logits); the case records it as runs of rows
+        (`chunk.row_key_offsets`). `attended`, when given, is each row's number of columns the bounds were
         derived from: a row whose [start, end) spans a different number does not fit the format, and
         fails the writer. Raises only for tensors of mismatched shapes.
         """
         rows, cols = (int(n) for n in matrix.shape)
-        for name, t in (("starts", starts), ("ends", ends), ("attended", attended)):
+        named = {"starts": starts, "ends": ends, "attended": attended, "key_offsets": key_offsets}
+        for name, t in named.items():
             if t is not None and tuple(t.shape) != (rows,):
                 raise ValueError(f"{layer_name}: {name} of shape {tuple(t.shape)} for a matrix of {rows} rows")
         charged = matrix.numel() * matrix.element_size()
@@ -129,9 +145,11 @@ class CaptureWriter:
         if full:
             self.selection.drop("queue_full")
             return False
+        given = {name: t for name, t in named.items() if t is not None}
+        bound_rows = tuple(given)
         tensors: tuple[torch.Tensor, ...] = (
             matrix.clone(memory_format=torch.contiguous_format),
-            torch.stack([t.to(torch.int64) for t in (starts, ends, attended) if t is not None]))
+            torch.stack([t.to(torch.int64) for t in given.values()]))
         if reference is not None:
             tensors += (reference.to(torch.int32, copy=True, memory_format=torch.contiguous_format),)
         ready = None
@@ -139,17 +157,30 @@ class CaptureWriter:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(matrix.device))
         self._queue.put_nowait(_Staged(layer_index, layer_name, tensors, ready, int(top_k), cols, int(row_stride),
-                                       requests, charged, staged, attrs))  # not full: only this thread puts
+                                       requests, bound_rows, charged, staged, attrs))  # not full: only this thread puts
         self.selection.record(layer_index, cols, charged)
         return True
 
-    def close(self) -> dict[str, Any]:
-        """Write everything still queued, stop the thread, and write this writer's run summary."""
+    def note(self, section: str, value: Any) -> None:
+        """Set one section of the run summary (any thread; written with the next summary)."""
+        with self._lock:
+            self.notes[section] = value
+
+    def close(self, timeout: float | None = None) -> dict[str, Any]:
+        """Write everything still queued, stop the thread, and write this writer's final run summary.
+
+        `timeout` bounds the wait (seconds; None waits for every case): a process that is exiting must
+        not hang on a stuck copy. Matrices not written by then are counted as `unwritten`."""
         if not self._closed:
             self._closed = True
-            self._queue.put(None)
-            self._thread.join()
-            self._write_summary()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            with contextlib.suppress(queue.Full):  # the thread is stuck; it is not waited for below
+                self._queue.put(None, timeout=timeout)
+            self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if self._thread.is_alive():
+                self.unwritten = self._queue.qsize() + 1  # the one in hand, and the rest
+                self._fail(f"closing: {self.unwritten} matrices still unwritten after {timeout:g} s")
+            self._write_summary(final=True)
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -164,7 +195,9 @@ class CaptureWriter:
             "skipped": dict(sorted(sel.skipped.items())),
             "widths": {name: sorted(w) for name, w in sorted(self.widths.items())},
             "policy": sel.policy.describe(),
+            "unwritten": self.unwritten,
             "error": self.error,
+            **dict(self.notes),
         }
 
     # -- background thread
@@ -190,16 +223,22 @@ class CaptureWriter:
     def _write(self, item: _Staged) -> None:
         """The host half of a capture: everything that needed the bounds, then the archive write."""
         matrix, bounds, *reference = self._to_host(item)
-        starts, ends = bounds[0].numpy(), bounds[1].numpy()
-        if len(bounds) == 3 and (broken := np.nonzero(ends - starts != bounds[2].numpy())[0]).size:
+        named = dict(zip(item.bound_rows, bounds, strict=True))
+        starts, ends = named["starts"].numpy(), named["ends"].numpy()
+        if "attended" in named and (broken := np.nonzero(ends - starts != named["attended"].numpy())[0]).size:
             raise ValueError(f"row {int(broken[0])} attends to a non-contiguous set of columns")
-        requests = item.requests if item.requests is not None else len(np.unique(starts))
+        chunk = dict(item.attrs.get("chunk", {}))
+        offsets = named["key_offsets"].numpy() if "key_offsets" in named else None
+        if offsets is not None:
+            chunk["row_key_offsets"] = _runs(offsets)
+        requests = (item.requests if item.requests is not None
+                    else len(np.unique(starts)) if offsets is None else count_requests(offsets, ends))
         if self.selection.policy.single_request_only and (requests != 1 or starts.any()):
             self.selection.release(item.layer_index, item.cols, item.charged)
             self.selection.skip("multi_request")
             return
         self._seq += 1
-        attrs = {**item.attrs, "chunk": {"requests": requests, **item.attrs.get("chunk", {})},
+        attrs = {**item.attrs, "chunk": {"requests": requests, **chunk},
                  "capture_policy": self.selection.policy.describe(), "rank": self.rank, "created": utc_now()}
         case = Case.from_rows(f"{self.prefix}-{self._seq:05d}-L{item.layer_index:02d}-w{item.cols}",
                               _ragged(matrix, starts, ends), starts, ends, top_k=item.top_k, cols=item.cols,
@@ -211,6 +250,7 @@ class CaptureWriter:
             self.captured += 1
             self.bytes += case.nbytes
             self.widths.setdefault(item.layer_name, set()).add(item.cols)
+        self._write_summary()
 
     def _to_host(self, item: _Staged) -> list[torch.Tensor]:
         """The staged tensors as host tensors, taken from the item. On CUDA they are copied to pinned memory
@@ -235,14 +275,21 @@ class CaptureWriter:
             self.error = message
             log.error("logitreplay capture disabled: %s", message)
 
-    def _write_summary(self) -> None:
-        # Its own file per writer: root attributes are shared by every writer and must not be rewritten.
+    def _write_summary(self, final: bool = False) -> None:
+        """Replace this writer's summary file. Its own file per writer: root attributes are shared by every
+        writer and must not be rewritten. `final` False while the run goes on (a killed process leaves
+        the last one written)."""
         target = self.path / f"capture-summary-{self.prefix}.json"
-        data = {**self.summary(), "written": utc_now()}
+        with self._lock:
+            data = {**self.summary(), "final": final, "written": utc_now()}
         try:
-            tmp = target.with_name(target.name + ".partial")
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
-            os.replace(tmp, target)
+            with self._summary_lock:
+                if self._final_written:  # a writer thread outliving `close` must not replace it
+                    return
+                self._final_written = final
+                tmp = target.with_name(target.name + ".partial")
+                tmp.write_text(json.dumps(data, indent=2) + "\n")
+                os.replace(tmp, target)
         except OSError as e:
             self._fail(f"writing summary {target}: {e}")
 
@@ -251,6 +298,27 @@ def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
+
+
+def count_requests(key_offsets: np.ndarray, ends: np.ndarray) -> int:
+    """Requests among concatenated rows, from each row's key offset (constant within a request) and end
+    (non-decreasing within a request, causal rows): a new request where either breaks. Exact unless a
+    request with no keys at all sits next to another with the same offset."""
+    if key_offsets.size == 0:
+        return 0
+    breaks = (np.diff(key_offsets) != 0) | (np.diff(ends) < 0)
+    return int(breaks.sum()) + 1
+
+
+def _runs(values: np.ndarray) -> list[list[int]]:
+    """Runs of equal consecutive values as [first_row, end_row, value]: a per-row vector that is constant
+    within each request, stored compactly and exactly."""
+    if values.size == 0:
+        return []
+    cuts = np.flatnonzero(np.diff(values)) + 1
+    firsts = np.concatenate(([0], cuts))
+    lasts = np.concatenate((cuts, [values.size]))
+    return [[int(a), int(b), int(values[a])] for a, b in zip(firsts, lasts, strict=True)]
 
 
 def _ragged(matrix: torch.Tensor, starts: np.ndarray, ends: np.ndarray) -> torch.Tensor:
@@ -277,4 +345,4 @@ def _open_archive(path: Path) -> Archive:
         time.sleep(0.05)
 
 
-__all__ = ["CaptureWriter", "DEFAULT_MAX_PENDING", "DEFAULT_MAX_PENDING_BYTES"]
+__all__ = ["CaptureWriter", "DEFAULT_MAX_PENDING", "DEFAULT_MAX_PENDING_BYTES", "count_requests"]
