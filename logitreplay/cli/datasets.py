@@ -96,6 +96,11 @@ def _fmt(x: Any, spec: str = "") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _window(w: Any) -> str:
+    """A TP rank's row window of a sharded vLLM chunk, after the layer name."""
+    return f" (tp{w['tp_rank']} rows {w['start']}:{w['end']})" if isinstance(w, dict) else ""
+
+
 def _print_table(location: str, summaries: list[dict[str, Any]], work: bool = False) -> None:
     table = Table(title=f"{location}: {sum(s['complete'] for s in summaries)} cases")
     for col in ("case", "rows", "cols", "k", "dtype", "source", "layer", "stored", "ratio", "row len min/med/max",
@@ -111,7 +116,7 @@ def _print_table(location: str, summaries: list[dict[str, Any]], work: bool = Fa
         v, rl = s["values"], s["row_length"]
         table.add_row(
             s["case_id"], str(s["rows"]), str(s["cols"]), str(s["top_k"]), s["dtype"],
-            str(s["distribution"] or s["source"] or "-"), str(s["layer"] or "-"),
+            str(s["distribution"] or s["source"] or "-"), str(s["layer"] or "-") + _window(s.get("row_window")),
             _fmt(s["stored_bytes"] and s["stored_bytes"] / 2**20, ".1f") + " MiB",
             _fmt(s["compression_ratio"], ".2f"),
             f"{rl['min']}/{rl['median']:.0f}/{rl['max']}",

@@ -59,6 +59,8 @@ def summarize(info: CaseInfo, case: Case | None) -> dict[str, Any]:
         "source": prov.get("source", prov.get("engine")),
         "distribution": prov.get("distribution"),
         "layer": prov.get("layer_name", prov.get("layer")),
+        # vLLM with TP row sharding: this rank's rows of the chunk ({"tp_rank", "start", "end"}), else None
+        "row_window": prov.get("row_window"),
         "stored_bytes": info.stored_bytes,
         "provenance": prov,
     }
