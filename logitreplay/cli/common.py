@@ -1,10 +1,15 @@
-"""What every command shares: one-line errors and the terminal-only progress bar."""
+"""What every command shares: one-line errors, the `--json [FILE]` convention, output paths checked before
+any work starts, plurals, and the terminal-only progress bar."""
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -13,18 +18,97 @@ from logitreplay.errors import LogitreplayError, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# `--json` alone (or `--json -`) prints to stdout; `--json FILE` writes FILE.
+STDOUT = "-"
+
 
 def user_errors(fn: F) -> F:
-    """Turn every `LogitreplayError` (and a missing or unreadable file) into a `click` error: one line, exit 1."""
+    """Turn every `LogitreplayError` (and a missing or unreadable file) into a `click` error: one line, exit 1.
+
+    Ctrl-C ends the command with one line and exit 130. zarr runs its I/O on an asyncio loop in a
+    background thread; the tasks pending there when the interpreter exits would otherwise each log
+    "Task was destroyed but it is pending!"."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (LogitreplayError, FileNotFoundError, PermissionError) as e:
+        except (LogitreplayError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError) as e:
             raise click.ClickException(one_line(e, None)) from None
+        except KeyboardInterrupt:
+            logging.getLogger("asyncio").disabled = True
+            click.echo("interrupted", err=True)
+            raise click.exceptions.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _json_target(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--json` takes an optional FILE, so `inspect --json ARCHIVE` would read ARCHIVE as that file:
+    refuse a directory and any existing file that is not JSON, instead of writing over an archive."""
+    if value is None or value == STDOUT:
+        return value
+    path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value} is a directory (write `--json -`, or put --json last, to print "
+                                 "to stdout)", ctx, param)
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as f:
+            head = f.read(64).lstrip()
+        if head[:1] not in (b"{", b"["):
+            raise click.BadParameter(f"{value} exists and is not a JSON file; refusing to overwrite it (write "
+                                     "`--json -`, or put --json last, to print to stdout)", ctx, param)
+    check_file_target(path, "--json")
+    return value
+
+
+def json_option(what: str) -> Callable[[F], F]:
+    """The `--json [FILE]` option of every command: `what` is the JSON's content, e.g. "the written case ids"."""
+    return click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
+                        callback=_json_target,
+                        help=f"{what} as JSON: to stdout (`--json`, `--json -`) or to FILE (`--json FILE`).")
+
+
+def emit_json(data: Any, target: str, indent: int | None = None) -> None:
+    """Print `data` as JSON to stdout, or write it to the file `target`."""
+    text = json.dumps(data, indent=indent, allow_nan=False)
+    if target == STDOUT:
+        click.echo(text)
+    else:
+        Path(target).write_text(text + "\n")
+
+
+def check_file_target(path: Path, option: str) -> None:
+    """Fail now, in one line, when `path` cannot be written, instead of after the whole run: open it for
+    appending (which creates it) and remove it again if it did not exist."""
+    if path.is_dir():
+        raise click.BadParameter(f"{path} is a directory", param_hint=option)
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as e:
+        raise click.BadParameter(f"{path}: cannot write ({e.strerror or type(e).__name__})",
+                                 param_hint=option) from None
+    if not existed:
+        path.unlink()
+
+
+def check_dir_target(path: Path, option: str) -> None:
+    """Fail now, in one line, when the directory `path` cannot be created or written into: it must not be
+    an existing file, and its nearest existing ancestor must be a writable directory."""
+    if path.exists() and not path.is_dir():
+        raise click.BadParameter(f"{path} exists and is not a directory", param_hint=option)
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise click.BadParameter(f"{path}: {existing} is not a directory", param_hint=option)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{path}: {existing} is not writable", param_hint=option)
+
+
+def plural(n: int, word: str) -> str:
+    """`1 case`, `2 cases`."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def progress(iterable: Any, total: int, description: str) -> Any:
