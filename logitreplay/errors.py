@@ -29,6 +29,10 @@ class KernelError(SelectorError):
     """A bundled kernel refused its arguments (the C entry point's return code, named)."""
 
 
+class ReplayError(LogitreplayError):
+    """A replay could not go on (an isolated child that never started, or never read its next case)."""
+
+
 class CaptureError(LogitreplayError):
     """A capture cannot be set up (no indexer found, a module without a mask argument, ...)."""
 
@@ -41,11 +45,16 @@ class PolicyError(LogitreplayError):
     """A capture policy is malformed (unknown key, bad size, bad layer list)."""
 
 
+class DecisionError(LogitreplayError):
+    """A decision cannot be made from the measurements given: no common cases to fit a dispatch rule
+    on, or two reports that measured different things (`compare`)."""
+
+
 def one_line(e: BaseException | str, limit: int | None = 200) -> str:
     """The message of `e` on one line (every run of whitespace one space), cut to `limit` characters
     (None: whole): user-facing errors are one line."""
     return " ".join(str(e).split())[:limit]
 
 
-__all__ = ["ArchiveError", "BuildError", "CaptureError", "KernelError", "LayoutError", "LogitreplayError",
-           "PolicyError", "SelectorError", "one_line"]
+__all__ = ["ArchiveError", "BuildError", "CaptureError", "DecisionError", "KernelError", "LayoutError", "LogitreplayError",
+           "PolicyError", "ReplayError", "SelectorError", "one_line"]

@@ -23,6 +23,14 @@ afterwards. The indices the module's top-k returned are kept as `reference_indic
 relative to start, int32. When a row is shorter than top_k the module's own top-k still returns k indices,
 the surplus pointing at masked cells; those are mapped faithfully to -1 and moved to the tail.
 
+Every indexer call is also counted, wanted or not, per forward pass of the model given to `attach`
+(layer, width, rows, score dtype, prefill/decode), with the forward's time: CUDA events around it on a
+GPU (read at `close`, never on the model's thread), wall clock on a CPU. `close` stores them as the
+writer's call record (`archive/calls.py`), which `replay --per-forward` weights stored cases by. The
+width of a call without a mask is its largest position + 1, kept on the device until `close`; the score
+dtype is the one seen when a call of that module was captured (None when none was). `kind` is what the
+driver says (`capture.kind`), else "decode" for one query row per request and "prefill" otherwise.
+
 Any error on this path is logged once and disables the capture; it never reaches the model's forward.
 """
 
@@ -31,13 +39,16 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from logitreplay.archive.calls import CallCount, CallRecord, Forward, write_calls
 from logitreplay.capture.writer import CaptureWriter
 from logitreplay.errors import CaptureError, LayoutError
 
@@ -56,6 +67,25 @@ class _Site:
     mask_arg: int  # position of `attention_mask` among the forward's positional arguments
     positions_arg: int | None  # position of `position_ids`, used when no mask is passed
     top_k: int | None  # the module's configured top-k (`index_topk`), when it has one
+
+
+@dataclass
+class _Call:
+    """One indexer call as seen on the model's thread; `width` may still be a device scalar."""
+
+    site: _Site
+    width: int | torch.Tensor | None
+    rows: int
+    kind: str
+
+
+@dataclass
+class _PendingForward:
+    """A forward's calls and its timing, resolved at `close`: CUDA events, or the wall time already."""
+
+    calls: list[_Call] = field(default_factory=list)
+    events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+    wall_us: float | None = None
 
 
 class _TopkRecorder(TorchFunctionMode):
@@ -98,9 +128,15 @@ class IndexerCapture:
         self.error: str | None = None
         self.sites: list[_Site] = []
         self._handles: list[Any] = []
-        # (site, recorder, mask or None, position_ids when there is no mask)
-        self._active: tuple[_Site, _TopkRecorder, torch.Tensor | None, torch.Tensor | None] | None = None
+        # (site, recorder, mask or None, position_ids when there is no mask, the call's record)
+        self._active: tuple[_Site, _TopkRecorder, torch.Tensor | None, torch.Tensor | None, _Call] | None = None
         self._device_names: dict[str, str] = {}
+        self.kind: str | None = None  # "prefill" or "decode" when the driver knows; else inferred per call
+        self._forwards: list[_PendingForward] = []
+        self._current = _PendingForward()
+        self._started: tuple[float, torch.cuda.Event | None] | None = None
+        self._dtypes: dict[str, str] = {}  # module name -> dtype of the score matrices it was seen to make
+        self._timer: str | None = None
 
     def attach(self, model: torch.nn.Module, pattern: str | None = None,
                classes: Sequence[str] = INDEXER_CLASSES) -> list[str]:
@@ -122,6 +158,8 @@ class IndexerCapture:
         if not self.sites:
             what = f"class in {', '.join(classes)}" + (f" or name matching {pattern!r}" if pattern else "")
             raise CaptureError(f"no indexer module found ({what})")
+        self._handles.append(model.register_forward_pre_hook(lambda m, a: self._begin_forward(m)))
+        self._handles.append(model.register_forward_hook(lambda m, a, o: self._end_forward(), always_call=True))
         return [s.name for s in self.sites]
 
     def detach(self) -> None:
@@ -133,27 +171,86 @@ class IndexerCapture:
         self._exit_active()
 
     def close(self) -> dict[str, Any]:
-        """Detach, flush the writer, write the run summary; returns it."""
+        """Detach, flush the writer, write the run summary and the call record; returns the summary."""
         self.detach()
         summary = self.writer.close()
+        try:
+            record = self.call_record()
+            if record.forwards:
+                write_calls(self.writer.archive, record)
+            summary.update(forwards=len(record.forwards), calls=sum(f.n_calls for f in record.forwards))
+        except Exception as e:  # the cases are written; a lost call record must not hide them
+            self._fail(f"writing the call record: {type(e).__name__}: {e}")
         if self.error and not summary.get("error"):
             summary["error"] = self.error
         return summary
 
+    def call_record(self) -> CallRecord:
+        """The calls counted so far, per forward, with device values read now (off the model's path)."""
+        pending = self._forwards + ([self._current] if self._current.calls else [])
+        forwards = []
+        for f in pending:
+            wall = f.wall_us
+            if f.events is not None:
+                f.events[1].synchronize()
+                wall = f.events[0].elapsed_time(f.events[1]) * 1e3
+            counts = Counter((c.site.layer_index, int(c.width) if c.width is not None else 0, c.rows,
+                              self._dtypes.get(c.site.name), c.kind) for c in f.calls)
+            forwards.append(Forward([CallCount(*key, count=n) for key, n in counts.items()], wall))
+        return CallRecord(self.writer.prefix, str(self.provenance.get("engine", "transformers")), self._timer,
+                          forwards)
+
+    # -- forward hooks on the model (time the forward, group the calls it made)
+
+    def _begin_forward(self, model: torch.nn.Module) -> None:
+        try:
+            self._flush_forward()  # calls made outside a forward of the model form their own group
+            device = next(model.parameters(), torch.empty(0)).device
+            event = None
+            if device.type == "cuda":
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(torch.cuda.current_stream(device))
+            self._timer = "cuda-events" if event is not None else "wall"
+            self._started = (time.perf_counter(), event)
+        except Exception as e:
+            self._fail(f"timing the forward: {type(e).__name__}: {e}")
+
+    def _end_forward(self) -> None:
+        started, self._started = self._started, None
+        if started is None:
+            return
+        try:
+            t0, event = started
+            if event is not None:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record(torch.cuda.current_stream(event.device))
+                self._current.events = (event, end)
+            else:
+                self._current.wall_us = (time.perf_counter() - t0) * 1e6
+            self._forwards.append(self._current)
+            self._current = _PendingForward()
+        except Exception as e:
+            self._fail(f"timing the forward: {type(e).__name__}: {e}")
+
+    def _flush_forward(self) -> None:
+        if self._current.calls:
+            self._forwards.append(self._current)
+            self._current = _PendingForward()
+
     # -- hooks (run inside the model's forward: never raise)
 
     def _pre(self, site: _Site, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not self.enabled or self._active is not None:
-            return
         try:
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            mask = _argument(args, kwargs, site.mask_arg, "attention_mask")
+            positions = None if mask is not None else _argument(args, kwargs, site.positions_arg, "position_ids")
+            call = self._count(site, hidden, mask, positions)
+            if not self.enabled or self._active is not None:
+                return
             if self.writer.failed:  # it has logged why; stop asking
                 self.enabled = False
                 return
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            mask = _argument(args, kwargs, site.mask_arg, "attention_mask")
-            positions = None
             if mask is None:
-                positions = _argument(args, kwargs, site.positions_arg, "position_ids")
                 if not isinstance(positions, torch.Tensor):
                     raise LayoutError(f"{site.name}: forward got neither an attention_mask nor position_ids")
                 if not self.selection.wants_layer(site.layer_index):
@@ -163,13 +260,32 @@ class IndexerCapture:
                 width = int(mask.shape[-1])
                 if not self.selection.wants(site.layer_index, width):
                     return
-            if not isinstance(hidden, torch.Tensor):
+            if call is None or not isinstance(hidden, torch.Tensor):
                 raise LayoutError(f"{site.name}: forward got no hidden_states tensor")
             recorder = _TopkRecorder((int(hidden.shape[0]), int(hidden.shape[1]), width))
             recorder.__enter__()
-            self._active = (site, recorder, mask, positions)
+            self._active = (site, recorder, mask, positions, call)
         except Exception as e:
             self._fail(f"{type(e).__name__}: {e}")
+
+    def _count(self, site: _Site, hidden: Any, mask: torch.Tensor | None, positions: Any) -> _Call | None:
+        """Count the call in the current forward (no host read of device data); None without hidden states."""
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() < 2:
+            return None
+        b, s = int(hidden.shape[0]), int(hidden.shape[1])
+        width: int | torch.Tensor | None = None
+        if mask is not None:
+            width = int(mask.shape[-1])
+        elif isinstance(positions, torch.Tensor) and positions.numel():
+            width = positions.amax() + 1
+        call = _Call(site, width, b * s, self.call_kind(s))
+        self._current.calls.append(call)
+        return call
+
+    def call_kind(self, queries: int) -> str:
+        """What an indexer call with `queries` query rows per request is: what the driver says
+        (`self.kind`), else a decode step for one row per request (generate's steps after the prompt)."""
+        return self.kind or ("decode" if queries == 1 else "prefill")
 
     def _post(self, site: _Site, output: Any) -> None:
         active = self._active
@@ -179,9 +295,11 @@ class IndexerCapture:
         if output is None:  # the forward raised; its exception propagates, nothing to keep
             return
         try:
-            _, recorder, mask, positions = active
+            _, recorder, mask, positions, call = active
             if recorder.scores is None or recorder.indices is None:
                 raise LayoutError(f"{site.name}: no top-k over a {recorder.shape} score matrix in its forward")
+            call.width = int(recorder.scores.shape[-1])
+            self._dtypes[site.name] = str(recorder.scores.dtype).removeprefix("torch.")
             self._keep(site, recorder.scores, recorder.indices, mask, positions)
         except Exception as e:
             self._fail(f"{type(e).__name__}: {e}")
@@ -211,6 +329,12 @@ class IndexerCapture:
             "chunk": dict(self.chunk),
             "device": self._device_name(scores.device),
         }
+        if self.call_kind(s) == "decode":
+            # next_n = the request's query rows, each ending one column later (the causal mask of a
+            # multi-token step): vLLM's (batch, next_n) per-row seq_lens; filled in from the ends on the
+            # host (`archive.decode.capture_rows`), where the rows are also rebased to column 0.
+            attrs.update(kind="decode", decode={"next_n": s, "per_row": s > 1, "max_model_len": t,
+                                                "backend": "torch.topk", "speculative": s > 1})
         self.writer.submit(matrix, starts, ends, reference, top_k=top_k, row_stride=t, layer_index=site.layer_index,
                            layer_name=site.name, requests=b, attrs=attrs, attended=attended)
 

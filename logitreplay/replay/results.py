@@ -65,6 +65,7 @@ class CaseResult:
     fast_path: bool = False
     fast_path_note: str = ""
     results: list[SelectorResult] = field(default_factory=list)
+    kind: str = "prefill"  # "prefill" or "decode" (`Case.kind`)
 
     def to_json(self) -> dict[str, Any]:
         return encode(self)
@@ -97,6 +98,7 @@ class ReplayResult:
     cases: list[CaseResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     recommendation: list[dict[str, Any]] = field(default_factory=list)  # `replay --recommend` (recommend.py)
+    per_forward: list[dict[str, Any]] = field(default_factory=list)  # `replay --per-forward` (per_forward.py)
 
     SCHEMA: ClassVar[str] = "logitreplay.replay/1"
 

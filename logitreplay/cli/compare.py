@@ -1,0 +1,81 @@
+"""`logitreplay compare BASE.json NEW.json`: per case and selector, new / base with a 95% interval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from logitreplay.cli.common import STDOUT, emit_json, json_option, user_errors
+from logitreplay.errors import DecisionError
+from logitreplay.replay.compare import RESAMPLES, TOLERANCE, Comparison, comparable, compare
+from logitreplay.replay.results import ReplayResult, ReportError
+
+
+def _read(path: Path) -> ReplayResult:
+    try:
+        return ReplayResult.from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ReportError(f"{path}: not a replay report ({type(e).__name__}: {e})") from None
+    except ValueError as e:
+        raise ReportError(f"{path}: {e}") from None
+
+
+@click.command("compare")
+@click.argument("base_path", metavar="BASE.json", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.argument("new_path", metavar="NEW.json", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("--fail-above", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RATIO",
+              help="Exit 1 when any ratio's whole 95% interval lies above RATIO (e.g. 1.03, for CI).")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=TOLERANCE, show_default=True,
+              help="A ratio is flagged slower (faster) only when its interval lies above 1 + T (below 1 / (1 + T)).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap resampling.")
+@click.option("--resamples", type=click.IntRange(min=100), default=RESAMPLES, show_default=True)
+@click.option("--force", is_flag=True, help="Compare reports from different GPUs or timing protocols anyway.")
+@json_option("Every ratio with its interval and flag")
+@user_errors
+def compare_cmd(base_path: Path, new_path: Path, fail_above: float | None, tolerance: float, seed: int,
+                resamples: int, force: bool, json_out: str | None) -> None:
+    """Compare two `replay --json` reports: per case and selector the ratio NEW / BASE of median times,
+    with a bootstrap 95% confidence interval from the stored samples, flagged faster, slower or no
+    change."""
+    base, new = _read(base_path), _read(new_path)
+    why = comparable(base, new)
+    if why is not None and not force:
+        raise DecisionError(f"not comparable: {why} (--force compares anyway)")
+    result = compare(base, new, tolerance, seed, resamples)
+    if why is not None:
+        result.notes.insert(0, f"compared with --force although {why}")
+    above = [] if fail_above is None else result.above(fail_above)
+    if json_out is not None:
+        emit_json({"base": str(base_path), "new": str(new_path), "fail_above": fail_above, "failed": bool(above),
+                   **result.to_json()}, json_out, indent=1)
+    if json_out != STDOUT:
+        _print(result, base_path, new_path)
+    if above:
+        worst = max(above, key=lambda r: r.low)
+        raise click.ClickException(f"--fail-above {fail_above:g}: {len(above)} ratios lie above it, worst "
+                                   f"{worst.case_id}/{worst.selector} {worst.ratio:.3f}x "
+                                   f"[{worst.low:.3f}, {worst.high:.3f}]")
+
+
+def _print(result: Comparison, base_path: Path, new_path: Path) -> None:
+    console = Console() if Console().is_terminal else Console(width=160)
+    t = Table(title=f"{new_path} / {base_path}: ratio of medians, bootstrap 95% interval", title_justify="left")
+    for col in ("case", "selector", "base us", "new us", "ratio", "95% interval", "flag"):
+        t.add_column(col, overflow="fold", justify="right" if col.endswith(("us", "ratio")) else "left")
+    style = {"slower": "red", "faster": "green", "no change": ""}
+    for r in result.rows:
+        t.add_row(r.case_id, r.selector, f"{r.base_us:.1f}", f"{r.new_us:.1f}", f"{r.ratio:.3f}",
+                  f"[{r.low:.3f}, {r.high:.3f}]", f"[{style[r.flag]}]{r.flag}[/]" if style[r.flag] else r.flag)
+    console.print(t)
+    counts = {f: sum(r.flag == f for r in result.rows) for f in ("faster", "slower", "no change")}
+    console.print(", ".join(f"{n} {f}" for f, n in counts.items()) + f" (tolerance {result.tolerance:g})",
+                  markup=False)
+    for what, items in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):
+        if items:
+            console.print(f"{what}: {', '.join(items[:5])}" + (" ..." if len(items) > 5 else ""), markup=False)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False)

@@ -1,0 +1,164 @@
+"""`logitreplay compare BASE.json NEW.json`: is a change a real improvement, with confidence, run against run.
+
+Per case and selector present in both reports: the ratio new median / base median, and a bootstrap 95%
+confidence interval of that ratio from the stored samples (each report's samples resampled with
+replacement, the ratio of the resampled medians, its 2.5th and 97.5th percentiles). The resampling is
+seeded from the seed and the case and selector names, so a comparison is the same on every run.
+
+A ratio is flagged `slower` when its whole interval lies above 1 + tolerance, `faster` when it lies below
+1 / (1 + tolerance), else `no change`: two identical runs differ by a fraction of a percent of drift
+(bench/RESULTS.md: 0.4% on the H200), which a tight interval would otherwise call a change.
+
+Reports are only comparable when they ran on the same device kind and GPU (CPU for CPU reports) under
+the same timing protocol; `comparable` says why not, and the caller refuses unless forced. Differences
+in library versions or driver are noted, not refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from logitreplay.replay.results import ReplayResult
+
+RESAMPLES = 2000
+TOLERANCE = 0.01
+_NOTED = ("torch", "driver", "cuda_runtime", "python", "numpy")
+
+
+@dataclass
+class RatioCI:
+    """new / base for one (case, selector): the ratio of medians, its 95% interval, and the flag."""
+
+    case_id: str
+    selector: str
+    base_us: float
+    new_us: float
+    ratio: float
+    low: float
+    high: float
+    flag: str  # "faster" | "slower" | "no change"
+
+
+@dataclass
+class Comparison:
+    rows: list[RatioCI] = field(default_factory=list)
+    only_base: list[str] = field(default_factory=list)  # "case/selector" timed in BASE only
+    only_new: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    tolerance: float = TOLERANCE
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def above(self, limit: float) -> list[RatioCI]:
+        """The rows whose whole interval lies above `limit` (`--fail-above`)."""
+        return [r for r in self.rows if r.low > limit]
+
+
+def comparable(base: ReplayResult, new: ReplayResult) -> str | None:
+    """None when the two reports measured the same thing the same way, else why not (one line)."""
+    kinds = base.device.split(":")[0], new.device.split(":")[0]
+    if kinds[0] != kinds[1]:
+        return f"BASE ran on {base.device}, NEW on {new.device}"
+    key = "gpu" if kinds[0] == "cuda" else "cpu"
+    if base.environment.get(key) != new.environment.get(key):
+        return f"BASE ran on {key.upper()} {base.environment.get(key)!r}, NEW on {new.environment.get(key)!r}"
+    a, b = base.protocol.to_json(), new.protocol.to_json()
+    if a != b:
+        diff = ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+        return f"the timing protocols differ ({diff})"
+    return None
+
+
+def bootstrap_ratio(base: np.ndarray, new: np.ndarray, rng: np.random.Generator,
+                    resamples: int = RESAMPLES) -> tuple[float, float, float]:
+    """(median(new) / median(base), 2.5th and 97.5th percentiles of the bootstrapped ratio)."""
+    b = np.median(base[rng.integers(0, base.size, (resamples, base.size))], axis=1)
+    n = np.median(new[rng.integers(0, new.size, (resamples, new.size))], axis=1)
+    low, high = np.percentile(n / b, [2.5, 97.5])
+    return float(np.median(new) / np.median(base)), float(low), float(high)
+
+
+def flag(low: float, high: float, tolerance: float = TOLERANCE) -> str:
+    if low > 1 + tolerance:
+        return "slower"
+    if high < 1 / (1 + tolerance):
+        return "faster"
+    return "no change"
+
+
+def compare(base: ReplayResult, new: ReplayResult, tolerance: float = TOLERANCE, seed: int = 0,
+            resamples: int = RESAMPLES) -> Comparison:
+    """Every (case, selector) timed in both reports, in BASE's order (see the module docstring)."""
+    out = Comparison(tolerance=tolerance, seed=seed)
+    for k in _NOTED:
+        if base.environment.get(k) != new.environment.get(k):
+            out.notes.append(f"{k}: {base.environment.get(k)} in BASE, {new.environment.get(k)} in NEW")
+    timed_new = {(c.case_id, s): c.timed(s) for c in new.cases for s in new.selectors if c.timed(s)}
+    seen = set()
+    for case in base.cases:
+        for selector in base.selectors:
+            t_base = case.timed(selector)
+            if t_base is None:
+                continue
+            key = (case.case_id, selector)
+            seen.add(key)
+            t_new = timed_new.get(key)
+            if t_new is None:
+                out.only_base.append(f"{case.case_id}/{selector}")
+                continue
+            rng = np.random.default_rng([seed, _stable(f"{case.case_id}/{selector}")])
+            ratio, low, high = bootstrap_ratio(np.asarray(t_base.samples_us), np.asarray(t_new.samples_us), rng,
+                                               resamples)
+            out.rows.append(RatioCI(case.case_id, selector, t_base.median_us, t_new.median_us, ratio, low, high,
+                                    flag(low, high, tolerance)))
+    out.only_new = [f"{c}/{s}" for (c, s) in timed_new if (c, s) not in seen]
+    return out
+
+
+@dataclass
+class AutoScore:
+    """`auto` against the fastest of `among` per case: how many cases it is within `near` of it, and the
+    worst ratio (auto / best) with its case; `per_case` holds (ratio, best selector) by case id."""
+
+    among: list[str]
+    near: float
+    cases: int = 0
+    within: int = 0
+    worst_ratio: float | None = None
+    worst_case: str | None = None
+    per_case: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def auto_vs_best(result: ReplayResult, among: list[str], auto: str = "auto", near: float = 1.03) -> AutoScore:
+    """Score `auto` on the cases where it and every one of `among` were timed (the issue's target:
+    within 3% of the per-case best on >= 90% of cases, never worse than 1.25x)."""
+    score = AutoScore(list(among), near)
+    for case in result.cases:
+        mine = case.timed(auto)
+        others = {s: case.timed(s) for s in among}
+        if mine is None or not others or any(t is None for t in others.values()):
+            continue
+        best = min(others, key=lambda s: others[s].median_us)  # type: ignore[union-attr]
+        ratio = mine.median_us / max(others[best].median_us, 1e-9)  # type: ignore[union-attr]
+        score.cases += 1
+        score.within += ratio <= near
+        score.per_case[case.case_id] = (ratio, best)
+        if score.worst_ratio is None or ratio > score.worst_ratio:
+            score.worst_ratio, score.worst_case = ratio, case.case_id
+    return score
+
+
+def _stable(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+__all__ = ["AutoScore", "Comparison", "RatioCI", "auto_vs_best", "bootstrap_ratio", "compare", "comparable", "flag"]

@@ -1,0 +1,185 @@
+"""The dispatch rule as an artifact, and `auto`: a selector that dispatches each case by that rule.
+
+`replay --recommend --rule-out RULE.json` measures the rule (`replay/recommend.py` fits it); this module
+defines its file format, once, because selectors cannot import replay. A rule holds, per dtype and kind
+(prefill / decode), intervals `[lo, hi)` of its axis -> selector (the axis is the logits width for
+prefill, and the rows, batch x next_n, for decode: every decode case is max_model_len wide, and rows are
+what vLLM's own decode dispatch looks at), the boundaries between them with
+the cases and margins measured on both sides, and the places where one distribution overturns the width
+rule (a faster selector there than the interval names). `auto` dispatches on what serving can see at
+dispatch time, dtype, kind and width; an overturn is a warning in the artifact, not a dispatch input,
+since serving cannot look at the scores' distribution before selecting.
+
+`--selectors auto --rule RULE.json` builds `auto` through the registry like any selector: the command
+puts the rule's path in `LOGITREPLAY_DISPATCH_RULE` (so isolated children find it too), and the factory
+builds the named selectors. Each case's choice is kept in `choices` and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from logitreplay.archive import Case
+from logitreplay.errors import SelectorError
+from logitreplay.selectors.base import Launch, Selector
+
+SCHEMA = "logitreplay.dispatch/1"
+RULE_ENV = "LOGITREPLAY_DISPATCH_RULE"
+
+
+def position(kind: str, rows: int, cols: int) -> int:
+    """Where a case sits on its rule's axis: rows for a decode case, the logits width otherwise."""
+    return rows if kind == "decode" else cols
+
+
+def axis(kind: str) -> str:
+    return "rows" if kind == "decode" else "cols"
+
+
+@dataclass
+class Interval:
+    """Cases of `lo <= position < hi` (None: no upper end) go to `selector`."""
+
+    lo: int
+    hi: int | None
+    selector: str
+
+
+@dataclass
+class Boundary:
+    """Where the faster selector changes from `below` to `above`: interpolated at `width` (a position on
+    the scope's axis), measured at `lower_width` and `upper_width` (the cases there), each winner faster by its margin (the median over
+    the cases there of loser / winner)."""
+
+    width: float
+    below: str
+    above: str
+    lower_width: int
+    upper_width: int
+    lower_cases: list[str]
+    upper_cases: list[str]
+    margin_below: float
+    margin_above: float
+
+
+@dataclass
+class Overturn:
+    """At `position`, cases of `source` run faster on `faster` than on the rule's `rule_selector`, by `margin`."""
+
+    source: str
+    position: int
+    rule_selector: str
+    faster: str
+    margin: float
+    cases: list[str]
+
+
+@dataclass
+class Scope:
+    """The rule for one dtype and kind."""
+
+    dtype: str
+    kind: str
+    intervals: list[Interval]
+    boundaries: list[Boundary] = field(default_factory=list)
+    overturned: list[Overturn] = field(default_factory=list)
+
+
+@dataclass
+class DispatchRule:
+    """The whole rule: the selectors it dispatches to, the scopes, a `default` for a dtype or kind it has
+    no scope for (the fastest selector over every fitted case), and what it was fitted on."""
+
+    selectors: list[str]
+    scopes: list[Scope]
+    default: str
+    fitted_on: dict[str, Any] = field(default_factory=dict)
+
+    def choose(self, dtype: str, kind: str, rows: int, cols: int) -> tuple[str, str]:
+        """(selector, why) for a case of this dtype, kind and shape."""
+        scope = next((s for s in self.scopes if s.dtype == dtype and s.kind == kind), None)
+        if scope is None:
+            return self.default, f"no rule for {dtype} {kind}: default {self.default}"
+        at, name = position(kind, rows, cols), axis(kind)
+        for iv in scope.intervals:
+            if iv.lo <= at and (iv.hi is None or at < iv.hi):
+                upper = "" if iv.hi is None else f" < {iv.hi}"
+                return iv.selector, f"{dtype} {kind}, {iv.lo} <= {name} {at}{upper}"
+        return self.default, f"no interval of {dtype} {kind} holds {name} {at}: default {self.default}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DispatchRule:
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"schema {d.get('schema')!r}, expected {SCHEMA!r}")
+        scopes = [Scope(s["dtype"], s["kind"], [Interval(**i) for i in s["intervals"]],
+                        [Boundary(**b) for b in s.get("boundaries", [])],
+                        [Overturn(**o) for o in s.get("overturned", [])]) for s in d["scopes"]]
+        rule = cls(list(d["selectors"]), scopes, str(d["default"]), dict(d.get("fitted_on", {})))
+        named = {rule.default} | {i.selector for s in scopes for i in s.intervals}
+        if not named <= set(rule.selectors):
+            raise ValueError(f"names selectors not in its list: {', '.join(sorted(named - set(rule.selectors)))}")
+        return rule
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> DispatchRule:
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except OSError as e:
+            raise SelectorError(f"dispatch rule {path}: cannot read ({e.strerror or e})") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise SelectorError(f"dispatch rule {path}: not a dispatch rule ({type(e).__name__}: {e})") from None
+
+
+class AutoSelector:
+    """Dispatches each case to the selector its rule names; `choices[case_id]` = (selector, why).
+
+    `supports` makes the choice (it is the only call that sees the case) and `prepare` delegates to the
+    chosen selector, so the timed launch is that selector's own launch."""
+
+    name = "auto"
+
+    def __init__(self, rule: DispatchRule, selectors: dict[str, Selector]) -> None:
+        self.rule = rule
+        self.selectors = selectors
+        self.choices: dict[str, tuple[str, str]] = {}
+        self._chosen: Selector | None = None
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        name, why = self.rule.choose(case.dtype, case.kind, case.rows, case.cols)
+        self.choices[case.case_id] = (name, why)
+        self._chosen = self.selectors[name]
+        reason = self._chosen.supports(case, device)
+        return None if reason is None else f"chose {name} ({why}), which does not support it: {reason}"
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        if self._chosen is None:
+            raise SelectorError("auto: prepare before supports (no case chosen)")
+        return self._chosen.prepare(logits, row_starts, row_ends, top_k, out)
+
+
+def from_environment() -> AutoSelector:
+    """The registry's factory: the rule at `$LOGITREPLAY_DISPATCH_RULE`, with its selectors built by name."""
+    from logitreplay.selectors.registry import build
+
+    path = os.environ.get(RULE_ENV)
+    if not path:
+        raise SelectorError("auto needs a dispatch rule: --rule RULE.json (from replay --recommend --rule-out)")
+    rule = DispatchRule.load(path)
+    return AutoSelector(rule, {name: build(name) for name in rule.selectors})
+
+
+__all__ = ["RULE_ENV", "SCHEMA", "AutoSelector", "Boundary", "DispatchRule", "Interval", "Overturn", "Scope", "axis",
+           "from_environment", "position"]
