@@ -162,5 +162,5 @@ def test_damaged_or_foreign_garbage_is_a_one_line_error(tmp_path: Path) -> None:
     # Files are imported one at a time; a bad file stops the import and says what was already written.
     other = export_case(_case("e"), tmp_path)
     r = runner.invoke(main, ["import", str(other), str(damaged), "--out", str(tmp_path / "y.zarr")])
-    assert r.exit_code == 1 and "(1 earlier files imported)" in r.output
+    assert r.exit_code == 1 and "(1 earlier file imported)" in r.output
     assert Archive.open(tmp_path / "y.zarr").case_ids() == ["e"]

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,18 +142,21 @@ def test_push_dry_run_stages_a_valid_card_and_sharded_archive_within_limits(
         assert len(case_files) <= 11  # group + (metadata + one shard) per array, whatever the chunk count
 
 
-def test_dry_run_defaults_to_a_temporary_folder_and_stages_deterministically(
-        suite_archive: Path, staged: hub.Staged) -> None:
+def test_dry_run_without_stage_leaves_no_folder_and_stages_deterministically(
+        suite_archive: Path, staged: hub.Staged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the temporary staging folder goes
     r = CliRunner().invoke(main, ["push", str(suite_archive), REPO, "--dry-run"])
     assert r.exit_code == 0, r.output
-    path = Path(r.output.strip().splitlines()[-1])
-    try:
-        # Same archive, same bytes: a rerun of an interrupted push uploads nothing the Hub already holds.
-        files = sorted(p.relative_to(path) for p in path.rglob("*") if p.is_file())
-        assert files == sorted(p.relative_to(staged.path) for p in staged.path.rglob("*") if p.is_file())
-        assert all((path / f).read_bytes() == (staged.path / f).read_bytes() for f in files)
-    finally:
-        shutil.rmtree(path)
+    assert "staged 12 cases" in r.output and "now removed" in r.output
+    assert list(temp.iterdir()) == []  # a dry run used to leave a copy of the archive on every call
+    # Same archive, same bytes: a rerun of an interrupted push uploads nothing the Hub already holds.
+    path = tmp_path / "again"
+    assert CliRunner().invoke(main, ["push", str(suite_archive), REPO, "--dry-run", "--stage", str(path)]).exit_code == 0
+    files = sorted(p.relative_to(path) for p in path.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(staged.path) for p in staged.path.rglob("*") if p.is_file())
+    assert all((path / f).read_bytes() == (staged.path / f).read_bytes() for f in files)
 
 
 def test_staging_refuses_a_used_folder_and_archives_beyond_the_limits(

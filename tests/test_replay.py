@@ -43,7 +43,7 @@ def test_default_run_verifies_every_builtin_on_every_case(tmp_path: Path) -> Non
     out = tmp_path / "r.json"
     res = run("--rounds", "1", "--json", str(out))
     assert res.exit_code == 0, res.output
-    assert "CPU wall-clock of algorithm models" in res.output
+    assert "cpu: wall clock of the CPU algorithm models" in res.output
     data = json.loads(out.read_text())
     assert data["selectors"] == ["reference", "native", "deepselect"]
     assert [c["case_id"] for c in data["cases"]] == [r.case_id for r in synth.recipes("seed-controls", "small")]
@@ -128,7 +128,7 @@ def test_nan_case_is_invalid_not_timed(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     case = json.loads(out.read_text())["cases"][0]
     assert case["invalid"] == "NaN inside row 2" and case["results"] == []
-    assert "invalid: NaN inside row 2" in res.output
+    assert "invalid: case with-nan: NaN inside row 2" in res.output
     assert run(str(path), "--strict").exit_code == 1
 
 

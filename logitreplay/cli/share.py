@@ -4,7 +4,6 @@ command line, where other users of the machine could read them."""
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import sys
@@ -13,7 +12,14 @@ from pathlib import Path
 import click
 
 from logitreplay.archive import Archive
-from logitreplay.cli.common import user_errors
+from logitreplay.cli.common import (
+    check_dir_target,
+    check_file_target,
+    emit_json,
+    json_option,
+    plural,
+    user_errors,
+)
 from logitreplay.datasets import hub
 from logitreplay.datasets.card import build_card
 from logitreplay.datasets.export import case_id_of, export_case, read_file
@@ -36,19 +42,23 @@ def _progress_only_on_terminal() -> None:
 @click.option("--fill", type=float, default=-math.inf, show_default="-inf",
               help="Value of the cells outside each row's [start, end) (never data).")
 @click.option("--overwrite", is_flag=True, help="Replace existing files of the same name.")
-@click.option("--json", "as_json", is_flag=True, help="Print the written files as JSON.")
+@json_option("The written files")
 @user_errors
 def export_cmd(location: str, case_ids: tuple[str, ...], out: Path, fill: float, overwrite: bool,
-               as_json: bool) -> None:
+               json_out: str | None) -> None:
     """Write cases of an archive (directory, .zip or URL) as .safetensors files a kernel author loads with
     `safetensors.torch.load_file` alone."""
+    check_dir_target(out, "--out")
     archive = Archive.open(location)
     known = archive.case_ids()
     missing = [c for c in case_ids if c not in known]
     if missing:
         raise ArchiveError(f"case {missing[0]}: not in {location} (or incomplete)")
     written = [str(export_case(archive.read(cid), out, fill, overwrite)) for cid in (case_ids or known)]
-    click.echo(json.dumps({"files": written}) if as_json else f"wrote {len(written)} files to {out}")
+    if json_out is not None:
+        emit_json({"files": written}, json_out)
+    else:
+        click.echo(f"wrote {plural(len(written), 'file')} to {out}")
 
 
 @click.command("import")
@@ -57,13 +67,14 @@ def export_cmd(location: str, case_ids: tuple[str, ...], out: Path, fill: float,
               help="Archive directory to write (created, or appended to).")
 @click.option("--top-k", type=click.IntRange(min=1), default=None,
               help="top_k for files that record none (files from other tools).")
-@click.option("--json", "as_json", is_flag=True, help="Print the written case ids as JSON.")
+@json_option("The written case ids")
 @user_errors
-def import_cmd(files: tuple[Path, ...], out: Path, top_k: int | None, as_json: bool) -> None:
+def import_cmd(files: tuple[Path, ...], out: Path, top_k: int | None, json_out: str | None) -> None:
     """Turn .safetensors files (from `export`, or any with a 2-D `logits` and `row_ends`/`ke`) into cases.
 
     Ids are checked from the headers before anything is written; then one file at a time is read,
     verified and written, so files larger than memory together import fine."""
+    check_dir_target(out, "--out")
     ids = [case_id_of(f) for f in files]
     dup = next((i for i in ids if ids.count(i) > 1), None)
     if dup is not None:
@@ -79,44 +90,57 @@ def import_cmd(files: tuple[Path, ...], out: Path, top_k: int | None, as_json: b
             archive = archive or Archive.create(out)
             archive.write(case)
         except ArchiveError as e:
-            raise ArchiveError(f"{e} ({n} earlier files imported)" if n else str(e)) from None
-    click.echo(json.dumps({"archive": str(out), "cases": ids}) if as_json else f"imported {len(ids)} cases into {out}")
+            raise ArchiveError(f"{e} ({plural(n, 'earlier file')} imported)" if n else str(e)) from None
+    if json_out is not None:
+        emit_json({"archive": str(out), "cases": ids}, json_out)
+    else:
+        click.echo(f"imported {plural(len(ids), 'case')} into {out}")
 
 
 @click.command("push")
 @click.argument("location")
 @click.argument("repo_id")
 @click.option("--private", is_flag=True, help="Create the dataset repo private (an existing repo keeps its setting).")
-@click.option("--dry-run", is_flag=True, help="Stage the exact folder that would be uploaded, print its path, "
-                                              "upload nothing.")
+@click.option("--dry-run", is_flag=True, help="Stage the exact folder that would be uploaded and summarize it; "
+              "upload nothing. The folder is kept only with --stage DIR.")
 @click.option("--stage", "stage_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Staging folder (must be empty or absent; default: a temporary folder).")
+              help="Staging folder (must be empty or absent; default: a temporary folder, removed afterwards).")
 @click.option("--license", "license_id", default="cc-by-4.0", show_default=True, help="License on the card.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("The result")
 @user_errors
 def push_cmd(location: str, repo_id: str, private: bool, dry_run: bool, stage_dir: Path | None,
-             license_id: str, as_json: bool) -> None:
+             license_id: str, json_out: str | None) -> None:
     """Publish an archive as the Hub dataset REPO_ID (ORG/NAME): card + sharded archive, within the Hub's
     file-count limits. Prints the pinned hf:// URL that `replay` and `inspect` read."""
     hub.parse_ref(repo_id, revision_allowed=False)
     _progress_only_on_terminal()
     archive = Archive.open(location)
+    if stage_dir is not None:
+        check_dir_target(stage_dir, "--stage")
     staged = hub.stage(archive, repo_id, stage_dir, license=license_id)
-    if dry_run:
-        if as_json:
-            click.echo(json.dumps({"dry_run": True, **staged.to_json()}))
-        else:
-            skipped = f"; skipped {len(staged.skipped_incomplete)} incomplete" if staged.skipped_incomplete else ""
-            click.echo(f"staged {len(staged.cases)} cases{skipped}, {staged.files} files, {staged.bytes} bytes "
-                       f"(largest folder {staged.largest_folder[0]}: {staged.largest_folder[1]} entries)")
-            click.echo(str(staged.path))
-        return
     try:
+        if dry_run:
+            _dry_run_summary(staged, kept=stage_dir is not None, json_out=json_out)
+            return
         pushed = hub.push(staged, repo_id, private=private)
     finally:
-        if stage_dir is None:
+        if stage_dir is None:  # a temporary staging folder (a copy of the archive) never outlives the command
             shutil.rmtree(staged.path, ignore_errors=True)
-    click.echo(json.dumps(pushed.to_json()) if as_json else f"pushed {len(staged.cases)} cases: {pushed.url}")
+    if json_out is not None:
+        emit_json(pushed.to_json(), json_out)
+    else:
+        click.echo(f"pushed {plural(len(staged.cases), 'case')}: {pushed.url}")
+
+
+def _dry_run_summary(staged: hub.Staged, kept: bool, json_out: str | None) -> None:
+    if json_out is not None:
+        emit_json({"dry_run": True, "kept": kept, **staged.to_json()}, json_out)
+        return
+    skipped = f"; skipped {len(staged.skipped_incomplete)} incomplete" if staged.skipped_incomplete else ""
+    click.echo(f"staged {plural(len(staged.cases), 'case')}{skipped}, {plural(staged.files, 'file')}, "
+               f"{staged.bytes} bytes (largest folder {staged.largest_folder[0]}: "
+               f"{staged.largest_folder[1]} entries)")
+    click.echo(str(staged.path) if kept else "(staged in a temporary folder, now removed; --stage DIR keeps it)")
 
 
 @click.command("pull")
@@ -125,14 +149,16 @@ def push_cmd(location: str, repo_id: str, private: bool, dry_run: bool, stage_di
                                                "'cases/layer3-*/**'; the archive's root metadata always comes.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Target folder (default: datasets/downloads/ORG/NAME).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("The result")
 @user_errors
-def pull_cmd(ref: str, include: tuple[str, ...], out: Path | None, as_json: bool) -> None:
+def pull_cmd(ref: str, include: tuple[str, ...], out: Path | None, json_out: str | None) -> None:
     """Download a Hub dataset at a pinned commit; everything is written inside the target folder."""
     _progress_only_on_terminal()
+    if out is not None:
+        check_dir_target(out, "--out")
     pulled = hub.pull(ref, out, include)
-    if as_json:
-        click.echo(json.dumps(pulled.to_json()))
+    if json_out is not None:
+        emit_json(pulled.to_json(), json_out)
     else:
         click.echo(f"pulled {pulled.repo_id}@{pulled.revision} (commit {pulled.commit}) into {pulled.path}")
 
@@ -142,12 +168,18 @@ def pull_cmd(ref: str, include: tuple[str, ...], out: Path | None, as_json: bool
 @click.argument("repo_id")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="README.md to write.")
 @click.option("--license", "license_id", default="cc-by-4.0", show_default=True, help="License on the card.")
+@json_option("The card's path and its metadata (the YAML header)")
 @user_errors
-def card_cmd(location: str, repo_id: str, out: Path, license_id: str) -> None:
+def card_cmd(location: str, repo_id: str, out: Path, license_id: str, json_out: str | None) -> None:
     """Write the dataset card `push` would publish for an archive (to keep a published card in git)."""
     hub.parse_ref(repo_id, revision_allowed=False)
-    build_card(Archive.open(location), repo_id, license=license_id).save(out)
-    click.echo(str(out))
+    check_file_target(out, "--out")
+    card = build_card(Archive.open(location), repo_id, license=license_id)
+    card.save(out)
+    if json_out is not None:
+        emit_json({"card": str(out), "repo_id": repo_id, "metadata": card.data.to_dict()}, json_out)
+    else:
+        click.echo(str(out))
 
 
 COMMANDS = (export_cmd, import_cmd, push_cmd, pull_cmd, card_cmd)

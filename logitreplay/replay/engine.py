@@ -74,6 +74,9 @@ def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device,
         result.results.append(res)
         try:
             why = sel.supports(case, device)
+            if why is not None and not isinstance(why, str):  # e.g. True, the natural guess: a plugin bug
+                raise TypeError(f"supports() returned {why!r}; it must return None (supported) or a "
+                                "reason string (unsupported)")
             if why is not None:
                 res.status, res.reason = "unsupported", why
                 continue
