@@ -164,3 +164,21 @@ def _tokens(n: int) -> str:
 
 def _bad(case_id: str, field: str, why: str) -> ArchiveError:
     return ArchiveError(f"case {case_id}: field {field}: {why}")
+
+
+def capture_rows(attrs: dict[str, Any], starts: np.ndarray, ends: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The host half of a decode capture (a writer thread, once the bounds are off the device): the rows
+    rebased to start at column 0, and `attrs["decode"]` completed from the row ends.
+
+    A capture states on the model's thread what the shapes tell (`next_n`, `max_model_len`, `backend`,
+    `speculative`, and `per_row`: whether the call's `seq_lens` was (batch, next_n)); `seq_lens`, and
+    `max_seq_len` unless stated, come from the ends here. Rebasing changes no selection: indices are
+    relative to the row start and the ragged values are the same cells; a left-padded request of a
+    transformers batch then reads as it would from vLLM's paged cache, its keys from column 0."""
+    d = dict(attrs["decode"])
+    lengths = (np.asarray(ends, dtype=np.int64) - np.asarray(starts, dtype=np.int64)).astype(np.int32)
+    facts = DecodeFacts.from_row_ends(lengths, next_n=int(d["next_n"]), per_row=bool(d.get("per_row")),
+                                      max_model_len=int(d["max_model_len"]), max_seq_len=d.get("max_seq_len"),
+                                      backend=d.get("backend"), speculative=bool(d.get("speculative")))
+    return np.zeros_like(lengths), lengths, {**attrs, "kind": "decode", "decode": facts.to_json()}

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from logitreplay.archive import Archive, Case, utc_now
+from logitreplay.archive.decode import capture_rows
 from logitreplay.capture.policy import PolicyState
 from logitreplay.errors import ArchiveError
 
@@ -240,8 +241,11 @@ class CaptureWriter:
         self._seq += 1
         attrs = {**item.attrs, "chunk": {"requests": requests, **chunk},
                  "capture_policy": self.selection.policy.describe(), "rank": self.rank, "created": utc_now()}
+        values = _ragged(matrix, starts, ends)
+        if attrs.get("kind") == "decode":  # the decode format: rows from column 0, seq_lens from the ends
+            starts, ends, attrs = capture_rows(attrs, starts, ends)
         case = Case.from_rows(f"{self.prefix}-{self._seq:05d}-L{item.layer_index:02d}-w{item.cols}",
-                              _ragged(matrix, starts, ends), starts, ends, top_k=item.top_k, cols=item.cols,
+                              values, starts, ends, top_k=item.top_k, cols=item.cols,
                               row_stride=item.row_stride, reference_indices=reference[0] if reference else None,
                               attrs=attrs)
         self.selection.settle(item.charged, case.nbytes)
