@@ -5,6 +5,7 @@ SIGKILL, tensor-parallel row windows, and the policy on multi-request chunks."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import multiprocessing
@@ -21,11 +22,14 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from logitreplay.archive import Archive, Case
 from logitreplay.capture import vllm_plugin
 from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
+from logitreplay.capture.writer import count_requests
 from logitreplay.cli import main
 from tests.test_capture_sync import DEVICES, held, no_host_sync
 from tests.vllm033.steps import Step, prefill_step, run, v41_model, vllm_on_path
@@ -305,8 +309,27 @@ def test_uninstall_restores_the_originals(tmp_path: Path) -> None:
     assert ops.top_k_per_row_prefill is not before[0] and indexer_topk.deep_select_topk is not before[2]
     # code that inspects the op (its overloads, its schema) still sees the original's
     assert torch.ops._C.top_k_per_row_prefill.default is before[1].default
+    # a module imported after install binds the wrapper by name (as sparse_mqa_logits.py does): restored too
+    name = "vllm.model_executor.kernels.attention.dsa.sparse_mqa_logits"
+    sys.modules.pop(name, None)
+    sparse_mqa_logits = importlib.import_module(name)
+
+    assert sparse_mqa_logits.deep_select_topk is indexer_topk.deep_select_topk is not before[2]
     capture.uninstall()
     assert (ops.top_k_per_row_prefill, torch.ops._C.top_k_per_row_prefill, indexer_topk.deep_select_topk) == before
+    assert sparse_mqa_logits.deep_select_topk is before[2]
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6)), min_size=1, max_size=6))
+def test_requests_are_counted_from_key_offsets_and_ends(requests: list[tuple[int, int]]) -> None:
+    """Rows of consecutive requests as vLLM lays them out: each request's key offset, ends rising by query;
+    every request holds at least one key (ke > ks), as vLLM's chunks do."""
+    offsets, ends, base = [], [], 0
+    for context, queries in requests:
+        offsets += [base] * queries
+        ends += [context + 1 + q for q in range(queries)]  # relative ends (compressed layout)
+        base += context + queries
+    assert count_requests(np.array(offsets), np.array(ends)) == len(requests)
 
 
 def test_plugin_is_registered_and_off_without_its_variable(monkeypatch: pytest.MonkeyPatch,

@@ -172,10 +172,16 @@ class VllmCapture:
         return len(self._patched)
 
     def uninstall(self) -> None:
+        """Restore the originals, also in modules that imported a wrapper by name after `install`."""
         global _active
         for target, name, original in reversed(self._patched):
             setattr(target, name, original)
         self._patched.clear()
+        for site in SITES:
+            for target in site.targets():
+                wrapper = getattr(target, site.name, None)
+                if isinstance(wrapper, _Wrapped) and wrapper._capture is self:
+                    setattr(target, site.name, wrapper.__wrapped__)
         if _active is self:
             _active = None
 

@@ -96,27 +96,36 @@ def prefill_step(requests: list[tuple[int, int]], kv_cache: torch.Tensor, *, rat
     return Step(metadata, q, weights, tokens)
 
 
-def run(layer: Any, step: Step, monkeypatch: Any = None) -> None:
+def run(layer: Any, step: Step) -> None:
     """`layer._sparse_indexer_and_attn(...)` inside a forward context whose `attn_metadata` maps the layer's
-    index K cache prefix to the step's metadata; records in `step.seen` the logits the top-k got."""
+    index K cache prefix to the step's metadata; records in `step.seen` the logits the scoring kernels
+    returned (before any candidate masking), with their row stride."""
     from vllm import forward_context
+    from vllm.model_executor.kernels.attention.dsa import sparse_mqa_logits
     from vllm.model_executor.layers import sparse_attn_indexer
-    from vllm.utils import deep_gemm
 
-    original = deep_gemm.fp8_fp4_mqa_logits
+    def spy(module: Any, name: str) -> Any:
+        original = getattr(module, name)
 
-    def spy(*args: Any) -> torch.Tensor:
-        out = original(*args)
-        kept = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
-        step.seen.append(kept.copy_(out))  # with its padded row stride
-        return out
+        def kernel(*args: Any) -> torch.Tensor:
+            out = original(*args)
+            kept = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
+            step.seen.append(kept.copy_(out))
+            return out
 
-    sparse_attn_indexer.fp8_fp4_mqa_logits = spy
+        setattr(module, name, kernel)
+        return original
+
+    spied = [(m, n, spy(m, n)) for m, n in ((sparse_attn_indexer, "fp8_fp4_mqa_logits"),
+                                            (sparse_mqa_logits, "fp8_fp4_sparse_mqa_logits"))]
+    sparse = getattr(step.metadata, "sparse_prefill", None) is not None
+    q_scale = torch.ones(step.q.shape[:2], device=step.q.device) if sparse else None
     try:
         with forward_context.set_forward_context({layer.indexer.k_cache.prefix: step.metadata}):
-            layer._sparse_indexer_and_attn(torch.zeros(step.tokens, 8), step.q, None, step.weights)
+            layer._sparse_indexer_and_attn(torch.zeros(step.tokens, 8), step.q, q_scale, step.weights)
     finally:
-        sparse_attn_indexer.fp8_fp4_mqa_logits = original
+        for module, name, original in spied:
+            setattr(module, name, original)
 
 
 def v41_model(n_layers: int, *, kv_sources: tuple[int, ...], index_sources: tuple[int, ...],
