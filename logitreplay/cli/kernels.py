@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import click
 
-from logitreplay.cli.common import user_errors
+from logitreplay.cli.common import emit_json, json_option, user_errors
 from logitreplay.selectors.cuda import build
 
 
@@ -17,9 +16,9 @@ from logitreplay.selectors.cuda import build
               help="Target architecture, e.g. sm_90a; default: the current CUDA device's exact one.")
 @click.option("--kernel", "names", multiple=True, metavar="NAME",
               help="Build only these kernel families (repeatable); default: all bundled ones.")
-@click.option("--json", "as_json", is_flag=True, help="Print each library's path and build time as JSON.")
+@json_option("Each library's path and build time")
 @user_errors
-def build_kernels_cmd(arch: str | None, names: tuple[str, ...], as_json: bool) -> None:
+def build_kernels_cmd(arch: str | None, names: tuple[str, ...], json_out: str | None) -> None:
     """Compile the bundled kernels with this machine's nvcc into the user cache (cached by source hash)."""
     target = arch or build.device_arch()
     build.check_arch(target, build.toolchain())
@@ -33,9 +32,9 @@ def build_kernels_cmd(arch: str | None, names: tuple[str, ...], as_json: bool) -
     # nvcc is single-threaded per file: the families build in parallel.
     with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
         results = list(pool.map(one, todo))
-    if as_json:
-        click.echo(json.dumps({"arch": target, "nvcc": build.toolchain().version,
-                               "kernels": {n: {"path": p, "seconds": round(s, 2)} for n, p, s in results}}))
+    if json_out is not None:
+        emit_json({"arch": target, "nvcc": build.toolchain().version,
+                   "kernels": {n: {"path": p, "seconds": round(s, 2)} for n, p, s in results}}, json_out)
         return
     for name, path, seconds in results:
         click.echo(f"{name:12s} {target}  {seconds:6.2f} s  {path}")
