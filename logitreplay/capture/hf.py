@@ -2,7 +2,9 @@
 
 Prefill runs in chunks through the model's own cache, as a server's chunked prefill does, so each indexer
 call sees rows = the chunk's tokens and columns = past + chunk: the shapes production selectors face,
-rather than one square matrix.
+rather than one square matrix. With `generate`, each sequence then continues through the model's own
+`generate` (greedy, from the same cache): every step is one query row against the whole context, the
+indexer's decode top-k, kept as a decode case (`archive/decode.py`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class HFRun:
     attn_implementation: str = "sdpa"
     policy: Policy = Policy()
     seed: int = 0
+    generate: int = 0  # decode steps per sequence after its prefill (0: prefill only)
 
 
 def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -89,15 +92,25 @@ def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -
         capture.attach(model)
         cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         total = sum(len(s) for s in sequences)
-        done = 0
+        done = generated = 0
         with torch.inference_mode():
-            for seq_index, start, end, ids in _chunks(sequences, run.chunk_size):
+            # With generate, a prompt's last token is left to `generate`: its first step runs it against
+            # the prefilled cache, so every step it makes is one query row (a decode step).
+            for seq_index, start, end, ids in _chunks(sequences, run.chunk_size, hold_last=run.generate > 0):
                 if start == 0:
                     cache = DynamicCache(config=model.config)
-                capture.chunk = {"sequence": seq_index, "token_start": start, "token_end": end}
-                model(input_ids=ids[start:end][None].to(device), use_cache=True, logits_to_keep=1,
-                      **{cache_arg: cache})
-                done += end - start
+                if end > start:
+                    capture.chunk = {"sequence": seq_index, "token_start": start, "token_end": end}
+                    model(input_ids=ids[start:end][None].to(device), use_cache=True, logits_to_keep=1,
+                          **{cache_arg: cache})
+                    done += end - start
+                if run.generate and end == len(ids) - 1:
+                    capture.kind, capture.chunk = None, {"sequence": seq_index, "generate": run.generate}
+                    model.generate(ids[None].to(device), do_sample=False, max_new_tokens=run.generate,
+                                   min_new_tokens=run.generate, **{cache_arg: cache})
+                    capture.kind = "prefill"
+                    done += 1
+                    generated += run.generate
                 if progress:
                     progress(done, total)
                 if not capture.enabled or capture.selection.exhausted():  # nothing more can be kept
@@ -105,7 +118,7 @@ def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -
     finally:
         summary = capture.close()
     summary.update({"model": provenance["model"], "revision": provenance["revision"],
-                    "sequences": len(sequences), "tokens": total, "tokens_run": done,
+                    "sequences": len(sequences), "tokens": total, "tokens_run": done, "generated": generated,
                     "chunk_size": run.chunk_size, "device": str(device), "seconds": time.perf_counter() - started})
     return summary
 
@@ -137,11 +150,14 @@ def cached_revision(repo_id: str, revision: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-def _chunks(sequences: list[torch.Tensor], size: int) -> Iterator[tuple[int, int, int, torch.Tensor]]:
-    """(sequence index, start, end, sequence) of every prefill chunk, sequence after sequence."""
+def _chunks(sequences: list[torch.Tensor], size: int, hold_last: bool = False
+            ) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+    """(sequence index, start, end, sequence) of every prefill chunk, sequence after sequence; with
+    `hold_last`, up to each sequence's last token, and one empty chunk for a sequence of one token."""
     for seq_index, ids in enumerate(sequences):
-        for start in range(0, len(ids), size):
-            yield seq_index, start, min(start + size, len(ids)), ids
+        length = len(ids) - 1 if hold_last else len(ids)
+        for start in range(0, max(length, 1 if hold_last else 0), size):
+            yield seq_index, start, min(start + size, length), ids
 
 
 def _sequences(run: HFRun, vocab_size: int) -> list[torch.Tensor]:

@@ -38,13 +38,16 @@ def capture_group() -> None:
                    "min-width=N, max-width=N, max-cases=N, max-bytes=2G. Default: first matrix per "
                    "(layer, width).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random-tokens.")
+@click.option("--generate", type=click.IntRange(min=0), default=0, show_default=True,
+              help="After each sequence's prefill, generate N tokens (greedy, the model's own generate): "
+                   "its steps are captured as decode cases (one query row against the whole context).")
 @click.option("--out", required=True, type=click.Path(file_okay=True, path_type=Path),
               help="Archive directory (created, or appended to).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
 def hf_cmd(model: str, revision: str | None, prompts: Path | None, random_tokens: int | None,
            context_len: int | None, chunk_size: int, device: str, dtype: str, attn_implementation: str,
-           policy_items: tuple[str, ...], seed: int, out: Path, as_json: bool) -> None:
+           policy_items: tuple[str, ...], seed: int, generate: int, out: Path, as_json: bool) -> None:
     """Load MODEL (hub id or local directory) with transformers, prefill in chunks, capture its indexers."""
     from logitreplay.capture.hf import HFRun, capture_hf
 
@@ -58,7 +61,7 @@ def hf_cmd(model: str, revision: str | None, prompts: Path | None, random_tokens
             raise CaptureError(f"{prompts}: no prompts (every line is empty)")
         run = HFRun(model=model, out=out, revision=revision, prompts=lines, random_tokens=random_tokens,
                     context_len=context_len, chunk_size=chunk_size, device=device, dtype=dtype,
-                    attn_implementation=attn_implementation, policy=policy, seed=seed)
+                    attn_implementation=attn_implementation, policy=policy, seed=seed, generate=generate)
         summary = _with_progress(run, capture_hf, quiet=as_json)
     except UnicodeDecodeError as e:  # a prompts file that is not UTF-8
         raise click.ClickException(f"{prompts}: {one_line(e, None)}") from None
@@ -93,6 +96,8 @@ def _print_summary(s: dict[str, Any]) -> None:
     console.print(table)
     tokens = f"{s['tokens']} tokens" if s["tokens_run"] == s["tokens"] else \
         f"{s['tokens_run']} of {s['tokens']} tokens (stopped: nothing more to keep)"
+    if s.get("generated"):
+        tokens += f", {s['generated']} generated"
     console.print(f"model {s['model']} @ {s['revision'] or '(local, no revision)'}: {s['sequences']} sequence(s), "
                   f"{tokens}, chunk {s['chunk_size']}, {s['device']}, {s['seconds']:.1f} s")
     for kind in ("dropped", "skipped"):
