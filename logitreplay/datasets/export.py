@@ -70,8 +70,16 @@ def export_case(case: Case, out_dir: Path, fill: float = -math.inf, overwrite: b
         raise ArchiveError(f"{dst}: exists; refusing to overwrite it")
     tmp = dst.with_name(dst.name + ".partial")
     save_file(case_to_tensors(case, fill), str(tmp), metadata=case_metadata(case, fill))
+    os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates its files 0600; an export is meant to be shared
     os.replace(tmp, dst)
     return dst
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _first(tensors: dict[str, torch.Tensor], names: tuple[str, ...]) -> torch.Tensor | None:

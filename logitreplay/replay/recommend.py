@@ -112,6 +112,7 @@ def _rule(pair: PairRule, widths: list[int], y: dict[int, float]) -> str:
         parts.append(f"{prev.above} for {prev.width:.0f} <= cols < {cur.width:.0f}")
     last = pair.crossovers[-1]
     parts.append(f"{last.above} when cols >= {last.width:.0f}")
-    bounds = "; ".join(f"crossing between {c.lower_width} ({', '.join(c.lower_cases)}) and {c.upper_width} "
-                       f"({', '.join(c.upper_cases)})" for c in pair.crossovers)
+    # The bounding cases are in the JSON (`lower_cases`, `upper_cases`): listed here they made one rule
+    # several lines long.
+    bounds = "; ".join(f"between {c.lower_width} and {c.upper_width}" for c in pair.crossovers)
     return f"{scope}, {pair.a} vs {pair.b}: " + ", ".join(parts) + f" [{bounds}]"
