@@ -54,6 +54,7 @@ def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -
 
     `progress(done_tokens, total_tokens)` is called after each chunk.
     """
+    _fail_fast_offline(run.model, run.revision)  # before the slow transformers import
     try:
         import transformers
         from transformers import AutoModelForCausalLM, DynamicCache
@@ -136,6 +137,29 @@ def model_provenance(model: str, requested: str | None, commit: str | None) -> d
         sha = cached_revision(model, requested)
     return {"model": str(Path(model).resolve()) if local else model, "model_source": "local" if local else "hub",
             "revision": sha, "revision_requested": requested}
+
+
+def _fail_fast_offline(model: str, revision: str | None) -> None:
+    """A hub id that is not in the local cache, on a machine that cannot reach the Hub: one line now,
+    instead of huggingface_hub's retries with back-off (about half a minute) before the same error.
+    Only a direct connection is probed: behind a proxy, or with HF_HUB_OFFLINE set (transformers then
+    fails at once by itself), nothing is checked here."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+    if Path(model).is_dir() or constants.HF_HUB_OFFLINE or proxied or cached_revision(model, revision):
+        return
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=5).close()
+    except OSError as e:
+        raise CaptureError(f"{model}: not a local directory, not in the Hugging Face cache, and "
+                           f"{constants.ENDPOINT} cannot be reached ({one_line(e)}); download it where there "
+                           "is a network (`hf download MODEL`) or pass a local directory") from None
 
 
 def cached_revision(repo_id: str, revision: str | None) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 import click
 
 from logitreplay.capture.policy import Policy
-from logitreplay.cli.common import user_errors
+from logitreplay.cli.common import check_dir_target, emit_json, json_option, user_errors
 from logitreplay.errors import CaptureError, one_line
 
 
@@ -43,16 +42,17 @@ def capture_group() -> None:
                    "its steps are captured as decode cases (one query row against the whole context).")
 @click.option("--out", required=True, type=click.Path(file_okay=True, path_type=Path),
               help="Archive directory (created, or appended to).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@json_option("The summary")
 @user_errors
 def hf_cmd(model: str, revision: str | None, prompts: Path | None, random_tokens: int | None,
            context_len: int | None, chunk_size: int, device: str, dtype: str, attn_implementation: str,
-           policy_items: tuple[str, ...], seed: int, generate: int, out: Path, as_json: bool) -> None:
+           policy_items: tuple[str, ...], seed: int, generate: int, out: Path, json_out: str | None) -> None:
     """Load MODEL (hub id or local directory) with transformers, prefill in chunks, capture its indexers."""
     from logitreplay.capture.hf import HFRun, capture_hf
 
     if (prompts is None) == (random_tokens is None):
         raise click.UsageError("give exactly one of --prompts FILE or --random-tokens N")
+    check_dir_target(out, "--out")
     try:
         policy = Policy.parse(",".join(policy_items))
         lines = () if prompts is None else tuple(
@@ -62,11 +62,11 @@ def hf_cmd(model: str, revision: str | None, prompts: Path | None, random_tokens
         run = HFRun(model=model, out=out, revision=revision, prompts=lines, random_tokens=random_tokens,
                     context_len=context_len, chunk_size=chunk_size, device=device, dtype=dtype,
                     attn_implementation=attn_implementation, policy=policy, seed=seed, generate=generate)
-        summary = _with_progress(run, capture_hf, quiet=as_json)
+        summary = _with_progress(run, capture_hf, quiet=json_out is not None)
     except UnicodeDecodeError as e:  # a prompts file that is not UTF-8
         raise click.ClickException(f"{prompts}: {one_line(e, None)}") from None
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
+    if json_out is not None:
+        emit_json(summary, json_out, indent=2)
     else:
         _print_summary(summary)
     if summary.get("error"):
