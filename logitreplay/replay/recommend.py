@@ -19,12 +19,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from logitreplay.replay.results import CaseResult, ReplayResult
+from logitreplay.selectors.auto import position
 
 
 @dataclass
 class Crossover:
-    """Between `lower_width` and `upper_width` columns the faster selector changes from `below` to
-    `above`; `width` is the interpolated crossing, `lower_cases` / `upper_cases` the bounding cases."""
+    """Between `lower_width` and `upper_width` columns (rows, for decode cases) the faster selector
+    changes from `below` to `above`; `width` is the interpolated crossing, `lower_cases` / `upper_cases`
+    the bounding cases."""
 
     width: float
     below: str
@@ -47,6 +49,9 @@ class PairRule:
     crossovers: list[Crossover] = field(default_factory=list)
     rule: str = ""
     source: str | None = None  # None: every case of the dtype; else only the cases of this source
+    # Decode cases are all max_model_len wide: their rule runs over rows (batch x next_n), the number
+    # vLLM's own decode dispatch looks at (cooperative_topk up to 64 rows), and never mixes with prefill.
+    kind: str = "prefill"
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -58,37 +63,43 @@ def recommend(result: ReplayResult) -> list[PairRule]:
     """A rule for every pair of selectors that were both timed on cases of at least one common width,
     per dtype, then per source (see the module docstring)."""
     rules = []
-    for dtype in sorted({c.dtype for c in result.cases}):
-        cases = [c for c in result.cases if c.dtype == dtype and not c.invalid]
+    for dtype, kind in sorted({(c.dtype, c.kind) for c in result.cases}):
+        cases = [c for c in result.cases if (c.dtype, c.kind) == (dtype, kind) and not c.invalid]
         sources = sorted({c.source for c in cases})
         groups: list[tuple[str | None, list[CaseResult]]] = [(None, cases)]
         if len(sources) > 1:
             for source in sources:
                 mine = [c for c in cases if c.source == source]
-                if len({c.cols for c in mine}) > 1:
+                if len({_position(c) for c in mine}) > 1:
                     groups.append((source, mine))
         for scope, group in groups:
             for a, b in itertools.combinations(result.selectors, 2):
-                rule = _pair_rule(group, a, b, dtype, scope)
+                rule = _pair_rule(group, a, b, dtype, scope, kind)
                 if rule is not None:
                     rules.append(rule)
     return rules
 
 
-def _pair_rule(cases: list[CaseResult], a: str, b: str, dtype: str, source: str | None) -> PairRule | None:
+def _position(case: CaseResult) -> int:
+    """Where a case sits on its rule's axis: rows for a decode case, the logits width otherwise."""
+    return position(case.kind, case.rows, case.cols)
+
+
+def _pair_rule(cases: list[CaseResult], a: str, b: str, dtype: str, source: str | None,
+               kind: str = "prefill") -> PairRule | None:
     logs: dict[int, list[float]] = {}
     names: dict[int, list[str]] = {}
     for case in cases:
         ta, tb = case.timed(a), case.timed(b)
         if ta is None or tb is None or ta.median_us <= 0 or tb.median_us <= 0:
             continue
-        logs.setdefault(case.cols, []).append(math.log(ta.median_us / tb.median_us))
-        names.setdefault(case.cols, []).append(case.case_id)
+        logs.setdefault(_position(case), []).append(math.log(ta.median_us / tb.median_us))
+        names.setdefault(_position(case), []).append(case.case_id)
     if not logs:
         return None
     widths = sorted(logs)
     y = {w: sum(v) / len(v) for w, v in logs.items()}
-    pair = PairRule(a, b, dtype, {w: math.exp(y[w]) for w in widths}, source=source)
+    pair = PairRule(a, b, dtype, {w: math.exp(y[w]) for w in widths}, source=source, kind=kind)
     for w0, w1 in itertools.pairwise(widths):
         if (y[w0] < 0) != (y[w1] < 0) and y[w0] != y[w1]:
             t = -y[w0] / (y[w1] - y[w0])
@@ -100,18 +111,21 @@ def _pair_rule(cases: list[CaseResult], a: str, b: str, dtype: str, source: str 
 
 
 def _rule(pair: PairRule, widths: list[int], y: dict[int, float]) -> str:
-    scope = pair.dtype if pair.source is None else f"{pair.dtype} [{pair.source} only]"
-    span = f"{widths[0]}-{widths[-1]} columns" if len(widths) > 1 else f"{widths[0]} columns"
+    decode = pair.kind == "decode"
+    dtype = f"{pair.dtype} decode" if decode else pair.dtype
+    scope = dtype if pair.source is None else f"{dtype} [{pair.source} only]"
+    axis, unit, where = ("rows", "rows", "row count") if decode else ("cols", "columns", "width")
+    span = f"{widths[0]}-{widths[-1]} {unit}" if len(widths) > 1 else f"{widths[0]} {unit}"
     if not pair.crossovers:
         faster = pair.a if y[widths[0]] < 0 else pair.b
-        return f"{scope}: {faster} faster than {pair.b if faster == pair.a else pair.a} at every measured width ({span})"
+        return f"{scope}: {faster} faster than {pair.b if faster == pair.a else pair.a} at every measured {where} ({span})"
     parts = []
     first = pair.crossovers[0]
-    parts.append(f"{first.below} when cols < {first.width:.0f}")
+    parts.append(f"{first.below} when {axis} < {first.width:.0f}")
     for prev, cur in itertools.pairwise(pair.crossovers):
-        parts.append(f"{prev.above} for {prev.width:.0f} <= cols < {cur.width:.0f}")
+        parts.append(f"{prev.above} for {prev.width:.0f} <= {axis} < {cur.width:.0f}")
     last = pair.crossovers[-1]
-    parts.append(f"{last.above} when cols >= {last.width:.0f}")
+    parts.append(f"{last.above} when {axis} >= {last.width:.0f}")
     # The bounding cases are in the JSON (`lower_cases`, `upper_cases`): listed here they made one rule
     # several lines long.
     bounds = "; ".join(f"between {c.lower_width} and {c.upper_width}" for c in pair.crossovers)
