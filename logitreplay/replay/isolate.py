@@ -44,6 +44,9 @@ class Job:
     poison: float
     read_bandwidth: float | None
     start: int = 0
+    controls: tuple[str, ...] = ()  # `replay --controls`: derived cases follow each case
+    case_globs: tuple[str, ...] = ()  # `replay --case`, `--match`: the same cases as the parent
+    case_regex: str | None = None
 
 
 def replay_isolated(jobs: list[Job], total: int, timeout_s: float) -> Iterator[tuple[str, int, CaseResult]]:
@@ -156,7 +159,8 @@ def _child() -> None:
     device = torch.device(job.device)
     extra = device_checks(device)
     selector = build(job.selector)
-    cases, _, _ = open_cases(job.locations, job.suite, job.scale, start=job.start)
+    cases, _, _ = open_cases(job.locations, job.suite, job.scale, start=job.start, controls=job.controls,
+                             case_globs=job.case_globs, case_regex=job.case_regex)
     protocol = TimingProtocol(**job.protocol)
     for index, case in enumerate(cases, start=job.start):
         if isinstance(case, Case):

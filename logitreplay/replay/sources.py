@@ -3,11 +3,15 @@ streamed one case at a time; and the short source description tables show for a 
 
 from __future__ import annotations
 
+import fnmatch
+import itertools
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logitreplay.archive import Archive, Case
+from logitreplay.archive import Archive, Case, CaseInfo
+from logitreplay.datasets import controls as derived
 from logitreplay.datasets import synth
 from logitreplay.errors import ArchiveError
 
@@ -21,8 +25,9 @@ class Unreadable:
     reason: str
 
 
-def open_cases(locations: Sequence[str], suite: str | None, scale: str,
-               start: int = 0) -> tuple[Iterator[Case | Unreadable], int, list[str]]:
+def open_cases(locations: Sequence[str], suite: str | None, scale: str, start: int = 0,
+               controls: Sequence[str] = (), case_globs: Sequence[str] = (),
+               case_regex: str | None = None) -> tuple[Iterator[Case | Unreadable], int, list[str]]:
     """Cases to replay, how many, and the archives' pinned locations (a Hub URL resolved to its commit,
     for the record and for isolated children, which must read the very same data): every complete case
     of each archive (path or URL), then the built-in suite if one is named, skipping the first `start`
@@ -31,24 +36,93 @@ def open_cases(locations: Sequence[str], suite: str | None, scale: str,
 
     A suite is regenerated case by case from its recipes rather than cached on disk: generation is
     bit-identical everywhere and costs less than writing and re-reading the ~3.5 GB full-scale suite
-    (a fresh GPU machine would pay that write on every first run)."""
-    archives = [Archive.open(loc) for loc in locations]
-    entries: list[tuple[Archive, str] | synth.Recipe] = [(a, cid) for a in archives for cid in a.case_ids()]
+    (a fresh GPU machine would pay that write on every first run).
+
+    `controls` (kinds of `datasets/controls.py`) follow each case with its derived cases, generated on
+    the fly; they count as cases (an unreadable case's controls are unreadable too, so every case
+    stands for the same number of entries and `start` keeps its meaning).
+
+    `case_globs` / `case_regex` (`replay --case`, `--match`) keep only the cases whose id matches one of
+    the globs and the regular expression, chosen by id before any case is read."""
+    archives: list[Archive] = []
+    for loc in locations:
+        archive = Archive.open(loc)
+        if archive.location not in [a.location for a in archives]:  # `replay A A` replays A once
+            archives.append(archive)
+    entries: list[tuple[Archive, CaseInfo] | synth.Recipe] = [(a, i) for a in archives for i in a.infos()]
     if suite is not None:
         entries += synth.recipes(suite, scale)
+    _refuse_duplicate_ids(entries)
+    if case_globs or case_regex is not None:
+        entries = _select(entries, case_globs, case_regex)
+
+    names = derived.derived_names(controls)
+    per = 1 + len(names)  # every entry stands for itself and its derived cases
+
+    def read(entry: tuple[Archive, CaseInfo] | synth.Recipe) -> Case | Unreadable:
+        if isinstance(entry, synth.Recipe):
+            return synth.generate(entry)
+        archive, info = entry
+        if not info.complete:
+            return Unreadable(info.case_id, _incomplete_reason(info))
+        try:
+            return archive.read(info.case_id)
+        except ArchiveError as e:
+            return Unreadable(info.case_id, f"unreadable: {e}")
 
     def stream() -> Iterator[Case | Unreadable]:
-        for entry in entries[start:]:
-            if isinstance(entry, synth.Recipe):
-                yield synth.generate(entry)
-                continue
-            archive, case_id = entry
-            try:
-                yield archive.read(case_id)
-            except ArchiveError as e:
-                yield Unreadable(case_id, f"unreadable: {e}")
+        for entry in entries[start // per:]:
+            case = read(entry)
+            if isinstance(case, Unreadable):
+                yield case
+                yield from (Unreadable(derived.control_id(case.case_id, n), case.reason) for n in names)
+            else:
+                yield from derived.with_controls(case, controls)
 
-    return stream(), len(entries), [a.location for a in archives]
+    return itertools.islice(stream(), start % per, None), len(entries) * per, [a.location for a in archives]
+
+
+def _incomplete_reason(info: CaseInfo) -> str:
+    why = info.attrs.get("error") if isinstance(info.attrs.get("error"), str) else None
+    return (f"unreadable: case {info.case_id}: {why}" if why else
+            f"incomplete: case {info.case_id}: its writer did not finish; `logitreplay repair` completes or "
+            "removes it")
+
+
+def _entry_id(entry: tuple[Archive, CaseInfo] | synth.Recipe) -> str:
+    return entry.case_id if isinstance(entry, synth.Recipe) else entry[1].case_id
+
+
+def _select(entries: list[tuple[Archive, CaseInfo] | synth.Recipe], globs: Sequence[str],
+            regex: str | None) -> list[tuple[Archive, CaseInfo] | synth.Recipe]:
+    """The entries whose id matches one of `globs` (an exact id is a glob of itself) and `regex`
+    (searched); a glob or a regular expression that matches no case is an error, not an empty run."""
+    ids = [_entry_id(e) for e in entries]
+    for glob in globs:
+        if not any(fnmatch.fnmatchcase(cid, glob) for cid in ids):
+            raise ArchiveError(f"--case {glob}: matches none of the {len(ids)} case ids (e.g. {ids[0] if ids else '-'})")
+    try:
+        pattern = None if regex is None else re.compile(regex)
+    except re.error as e:
+        raise ArchiveError(f"--match {regex}: not a regular expression ({e})") from None
+    kept = [e for e, cid in zip(entries, ids, strict=True)
+            if (not globs or any(fnmatch.fnmatchcase(cid, g) for g in globs))
+            and (pattern is None or pattern.search(cid))]
+    if not kept:
+        raise ArchiveError(f"--match {regex}: matches none of the {len(ids)} case ids (with --case: "
+                           f"{', '.join(globs) or '-'})")
+    return kept
+
+
+def _refuse_duplicate_ids(entries: Sequence[tuple[Archive, CaseInfo] | synth.Recipe]) -> None:
+    """Results are keyed by case id, so one id from two sources would make a report ambiguous."""
+    seen: dict[str, str] = {}
+    for entry in entries:
+        cid, where = ((entry.case_id, f"suite {entry.suite}") if isinstance(entry, synth.Recipe)
+                      else (entry[1].case_id, entry[0].location))
+        if cid in seen:
+            raise ArchiveError(f"case {cid}: in both {seen[cid]} and {where}; replay them separately")
+        seen[cid] = where
 
 
 def describe_source(case: Case) -> str:
@@ -56,6 +130,8 @@ def describe_source(case: Case) -> str:
     case adds its batch, next_n and context span (`decode b64 n1 ctx 1K-128K`), which groups it."""
     a = case.attrs
     decode = case.decode.describe() if case.decode is not None else None
+    if a.get("source") == "control":
+        return f"{a.get('control')} control"
     if a.get("source") == "synthetic":
         recipe: dict[str, Any] = a["recipe"] if isinstance(a.get("recipe"), dict) else {}
         tags = [t for t, on in (("edge rows", "edges" in (recipe.get("ends"), recipe.get("seq_lens"))),
@@ -71,4 +147,6 @@ def describe_source(case: Case) -> str:
         parts.append(str(a["layer_name"]))
     if decode:
         parts.append(decode)
+    if not parts and a.get("imported_from"):  # a safetensors file from another tool (export.read_file)
+        return f"imported {a['imported_from']}"
     return " ".join(parts) or str(a.get("source", "captured"))
