@@ -3,7 +3,6 @@ holds, and why a selector may be slow on it)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from logitreplay.archive import Archive, Case
-from logitreplay.cli.common import progress, user_errors
+from logitreplay.cli.common import check_dir_target, emit_json, json_option, plural, progress, user_errors
 from logitreplay.datasets import synth
 from logitreplay.datasets.summary import summarize
 from logitreplay.errors import ArchiveError
+from logitreplay.replay.sources import describe_source
 
 
 @click.command("synth")
@@ -25,10 +25,11 @@ from logitreplay.errors import ArchiveError
 @click.option("--scale", type=click.Choice(synth.SCALES), default="small", show_default=True,
               help="full: the published shapes; small: rows and columns / 8, runs in seconds on a CPU.")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Archive directory to write.")
-@click.option("--json", "as_json", is_flag=True, help="Print the written case ids as JSON.")
+@json_option("The written case ids")
 @user_errors
-def synth_cmd(suite_name: str, scale: str, out: Path, as_json: bool) -> None:
+def synth_cmd(suite_name: str, scale: str, out: Path, json_out: str | None) -> None:
     """Write a deterministic synthetic control suite (each case carries its recipe) to an archive."""
+    check_dir_target(out, "--out")
     archive = Archive.create(out, attrs={"title": f"logitreplay {suite_name} ({scale})"})
     existing = set(archive.case_ids())
     recipes = synth.recipes(suite_name, scale)
@@ -38,22 +39,23 @@ def synth_cmd(suite_name: str, scale: str, out: Path, as_json: bool) -> None:
             continue
         archive.write(synth.generate(recipe))
         written.append(recipe.case_id)
-    if as_json:
-        click.echo(json.dumps({"archive": str(out), "written": written, "skipped": sorted(existing)}))
+    if json_out is not None:
+        emit_json({"archive": str(out), "written": written, "skipped": sorted(existing)}, json_out)
     else:
-        click.echo(f"wrote {len(written)} cases to {out}" + (f" ({len(existing)} already there)" if existing else ""))
+        click.echo(f"wrote {plural(len(written), 'case')} to {out}"
+                   + (f" ({len(existing)} already there)" if existing else ""))
 
 
 @click.command("inspect")
 @click.argument("location")
 @click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print every field as JSON.")
+@json_option("Every field")
 @click.option("--work", is_flag=True, help="Also run the CPU algorithm models and show their work per case "
               "(native: histogram passes; DeepSelect: buffer compactions, candidates): why a selector is slow.")
 @user_errors
-def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool, work: bool) -> None:
+def inspect_cmd(location: str, case_ids: tuple[str, ...], json_out: str | None, work: bool) -> None:
     """Summarize the cases of an archive (directory, .zip or URL): shape, storage, row lengths, value
-    statistics (ties at the k-th value, fp16 bins of the top values) and provenance."""
+    statistics over sampled rows (ties at the k-th value, fp16 bins of the top-k values) and provenance."""
     archive = Archive.open(location)
     infos = archive.infos()
     if case_ids:
@@ -62,16 +64,17 @@ def inspect_cmd(location: str, case_ids: tuple[str, ...], as_json: bool, work: b
         if missing:
             raise ArchiveError(f"case {missing[0]}: not in {location}")
         infos = [i for i in infos if i.case_id in case_ids]
-    summaries = []
+    summaries, sources = [], []
     for info in progress(infos, len(infos), "inspect"):
         case = archive.read(info.case_id) if info.complete else None
         summaries.append(summarize(info, case))
+        sources.append("-" if case is None else describe_source(case))  # as `replay` names it
         if work:
             summaries[-1]["work"] = _work(case)
-    if as_json:
-        click.echo(json.dumps({"archive": archive.location, "cases": summaries}, indent=1))
+    if json_out is not None:
+        emit_json({"archive": archive.location, "cases": summaries}, json_out, indent=1)
         return
-    _print_table(location, summaries, work)
+    _print_table(location, summaries, sources, work)
 
 
 def _work(case: Case | None) -> dict[str, float] | None:
@@ -101,22 +104,25 @@ def _window(w: Any) -> str:
     return f" (tp{w['tp_rank']} rows {w['start']}:{w['end']})" if isinstance(w, dict) else ""
 
 
-def _print_table(location: str, summaries: list[dict[str, Any]], work: bool = False) -> None:
-    table = Table(title=f"{location}: {sum(s['complete'] for s in summaries)} cases")
+def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[str], work: bool = False) -> None:
+    sampled = max((s["values"]["sampled_rows"] for s in summaries if s["complete"]), default=0)
+    table = Table(title=f"{location}: {plural(sum(s['complete'] for s in summaries), 'case')}",
+                  caption=f"k-th ties and fp16 bins (of each row's top-k values): means over up to {sampled} "
+                  "sampled rows per case; min / max over all values", caption_justify="left")
     for col in ("case", "rows", "cols", "k", "dtype", "source", "layer", "stored", "ratio", "row len min/med/max",
-                "min / max", "k-th ties", "fp16 bins top-2048"):
+                "min / max", "k-th ties", "fp16 bins top-k"):
         table.add_column(col, overflow="fold")
     if work:
         for col in ("native passes mean/max", "DS compactions mean/max", "DS candidates/row"):
             table.add_column(col, overflow="fold")
-    for s in summaries:
+    for s, source in zip(summaries, sources, strict=True):
         if not s["complete"]:
             table.add_row(s["case_id"], *["-"] * 11, "[red]INCOMPLETE (not data)[/red]")
             continue
         v, rl = s["values"], s["row_length"]
         table.add_row(
             s["case_id"], str(s["rows"]), str(s["cols"]), str(s["top_k"]), s["dtype"],
-            str(s["distribution"] or s["source"] or "-"), str(s["layer"] or "-") + _window(s.get("row_window")),
+            source, str(s["layer"] or "-") + _window(s.get("row_window")),
             _fmt(s["stored_bytes"] and s["stored_bytes"] / 2**20, ".1f") + " MiB",
             _fmt(s["compression_ratio"], ".2f"),
             f"{rl['min']}/{rl['median']:.0f}/{rl['max']}",
