@@ -75,6 +75,11 @@ def _selectors(names: str, specs: tuple[str, ...]) -> list[Selector]:
     return out
 
 
+def default_device() -> str:
+    """CUDA whenever torch sees a device: a replay on a GPU machine times the kernels, not the CPU models."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _poison(text: str) -> float:
     try:
         value = float(text)
@@ -158,7 +163,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     for path, option in ((csv_path, "--csv"), (plot_path, "--plot")):
         if path is not None:
             check_file_target(path, option)  # before the run, not after it
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or default_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise click.ClickException("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is "
                                    f"False; torch {torch.__version__})")
@@ -183,7 +188,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     if dev.type == "cpu":
         label = "wall clock of the CPU algorithm models, not kernel times"
         warm = "the verification call" + (f" and {protocol.warmup} more" if protocol.warmup else "")
-        notes.append(f"CPU: {warm} warm up; on CUDA: {TimingProtocol.warmup} warmups, "
+        notes.append(f"CPU warmup: {warm}; CUDA: {TimingProtocol.warmup} warmups, "
                      f"{TimingProtocol.rounds} rounds x {TimingProtocol.samples_per_round}")
         notes += [f"{option} {value} is ignored on CPU (wall clock, no L2 flush)"
                   for option, value in (("--timer", timer), ("--l2", l2)) if value is not None]
@@ -278,6 +283,6 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
         listed = ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
         if strict:
             raise click.ClickException(f"--strict: {len(bad)} failed, errored or invalid: {listed}")
-        console.print(f"[bold red]RESULTS FAILED[/bold red]: {len(bad)} of {total * len(columns)} results failed "
-                      f"verification, raised, or were invalid: {listed} (exit status 0; --strict exits 1)",
+        console.print(f"[bold red]RESULTS FAILED[/bold red] ({total} cases x {len(columns)} selectors): {len(bad)} "
+                      f"failed verification, raised, or were invalid: {listed} (exit status 0; --strict exits 1)",
                       highlight=False)
