@@ -96,6 +96,13 @@ def _provenance_section(infos: list[CaseInfo], fields: dict[str, Any]) -> str:
                      "regenerates it bit for bit"
                      + "".join(f"; `logitreplay synth --suite {s} --scale SCALE` writes the whole suite"
                                for s in suites) + ".")
+    decode = sum(i.provenance.get("kind") == "decode" for i in infos)
+    if decode:
+        lines.append(f"- {decode} decode case(s) (`provenance.kind: decode`): `provenance.decode` holds the arguments of "
+                     "the decode top-k call: `batch`, `next_n`, `seq_lens` ((batch, 1), or (batch, next_n) per row), "
+                     "`max_seq_len`, `max_model_len` (the logits width), the `backend` that ran, and whether the step "
+                     "was `speculative`; every row starts at 0, and row r of request b ends at "
+                     "max(0, seq_lens[b] - next_n + 1 + r mod next_n) (per row: seq_lens[b, r mod next_n]).")
     lines.append("- Every array carries a sha256 checksum, verified on every read; the table's `sha256` is the "
                  "checksum of the in-range values.")
     return "\n".join(lines)
@@ -139,7 +146,7 @@ logitreplay pull {repo_id} --out {repo_id.split('/')[-1]}      # pinned to the c
 logitreplay export {url} --case <id> --out cases/   # one .safetensors per case
 ```
 
-## PolicyState contract
+## Selection contract
 
 {SELECTOR_SEMANTICS}
 
