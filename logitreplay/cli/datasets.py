@@ -23,7 +23,8 @@ from logitreplay.replay.sources import describe_source
 @click.option("--suite", "suite_name", type=click.Choice(sorted(synth.SUITES)), default="seed-controls",
               show_default=True, help="Control suite to generate.")
 @click.option("--scale", type=click.Choice(synth.SCALES), default="small", show_default=True,
-              help="full: the published shapes; small: rows and columns / 8, runs in seconds on a CPU.")
+              help="full: the published shapes; small: runs in seconds on a CPU (rows and columns / 8; "
+                   "decode suites: widths and lengths / 32, batches / 4).")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Archive directory to write.")
 @json_option("The written case ids")
 @user_errors
