@@ -248,6 +248,7 @@ def test_prompts_run_as_sequences_cut_to_context_len(tmp_path: Path) -> None:
     assert chunks == [(0, 8), (0, 8), (0, 16), (0, 16), (1, 10), (1, 10)]
 
 
+@pytest.mark.slow
 def test_hub_model_records_the_cached_snapshot_sha_offline(tmp_path: Path, deepseek_dir: Path) -> None:
     """A hub id loaded offline from the cache records the exact commit of the snapshot it resolved to."""
     import os

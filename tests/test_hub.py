@@ -194,6 +194,7 @@ def test_bad_repo_ids_are_one_line_errors(suite_archive: Path, tmp_path: Path, a
 # ---------------------------------------------------------------------------- over HTTP (loopback)
 
 
+@pytest.mark.slow
 def test_push_then_stream_and_pull_pinned_revisions(loopback: LoopbackHub, suite_archive: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", GOOD)
@@ -322,6 +323,7 @@ def test_pull_refuses_names_that_escape_the_target(loopback: LoopbackHub, tmp_pa
     assert not (tmp_path / "t" / "escape.txt").exists()
 
 
+@pytest.mark.slow
 def test_pull_through_hf_endpoint_writes_only_inside_the_target(staged: hub.Staged, tmp_path: Path) -> None:
     """As a user runs it: a fresh process, HF_ENDPOINT set, default --out under datasets/downloads/."""
     home, work = tmp_path / "home", tmp_path / "work"

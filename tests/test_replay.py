@@ -39,6 +39,7 @@ def plugin_archive(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_default_run_verifies_every_builtin_on_every_case(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     res = run("--rounds", "1", "--json", str(out))

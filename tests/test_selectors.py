@@ -42,6 +42,7 @@ def cases(draw: st.DrawFn) -> Case:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases(), poison=st.sampled_from([1e30, float("nan")]))
+@pytest.mark.slow
 def test_every_builtin_verifies(case: Case, poison: float) -> None:
     result = replay_case(case, [build(n) for n in SELECTORS], torch.device("cpu"), ONCE, poison=poison)
     for res in result.results:
@@ -123,6 +124,7 @@ def test_launch_reads_bounds_changed_in_place(name: str) -> None:
 
 
 @pytest.mark.parametrize("dist", ["normal+100", "normal*1e-8", "low10", "ties", "relu"])
+@pytest.mark.slow
 def test_multi_pass_selections_verify(dist: str) -> None:
     """The selections of the extra passes (not only their count) are right, with starts past 0 and bf16."""
     from logitreplay.datasets import synth

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from logitreplay.archive import Archive
@@ -44,6 +45,7 @@ def test_stress_covers_edge_lengths_starts_strides_and_bf16() -> None:
     assert any(c.dtype == "bfloat16" for c in cases)
 
 
+@pytest.mark.slow
 def test_synth_then_inspect_json_shows_fp16_bin_collapse(tmp_path: Path) -> None:
     out = tmp_path / "sc.zarr"
     runner = CliRunner()
