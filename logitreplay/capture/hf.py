@@ -90,7 +90,8 @@ def capture_hf(run: HFRun, progress: Callable[[int, int], None] | None = None) -
     capture = IndexerCapture(writer, provenance)
     started = time.perf_counter()
     try:
-        capture.attach(model)
+        capture.attach(model)  # also times each forward of the model and counts its indexer calls
+        capture.kind = "prefill"  # every forward here is a prefill chunk
         cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         total = sum(len(s) for s in sequences)
         done = generated = 0
