@@ -9,17 +9,30 @@ log(width) vs log(ratio), and the cases at both bounding widths are named. When 
 several sources (distributions, models and layers), each source measured at two or more widths also gets
 its own rule: a distribution that only exists at one width (e.g. concentrated scores) would otherwise
 bend the all-cases rule there.
+
+`fit_rule` turns the same measurements into the dispatch artifact `auto` runs (`selectors/auto.py`):
+per dtype and kind, each measured width (rows, for decode) goes to the selector that is within 3% of the fastest on the
+most cases of that width (ties: the lowest geometric mean time), so a width holding one adversarial
+distribution beside several ordinary ones follows the ordinary ones, and the adversarial one is
+listed where it overturns the rule. Neighbouring widths with one winner merge into one interval; a
+boundary sits at the interpolated crossing of the two winners (log width vs log ratio), with the cases
+and the margins (median over the cases there of loser / winner) at both bounding widths.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from logitreplay.errors import DecisionError
 from logitreplay.replay.results import CaseResult, ReplayResult
-from logitreplay.selectors.auto import position
+from logitreplay.selectors.auto import Boundary, DispatchRule, Interval, Overturn, Scope, position
+
+# A selector within this factor of a case's fastest counts as as good as the fastest there.
+NEAR_BEST = 1.03
 
 
 @dataclass
@@ -130,3 +143,79 @@ def _rule(pair: PairRule, widths: list[int], y: dict[int, float]) -> str:
     # several lines long.
     bounds = "; ".join(f"between {c.lower_width} and {c.upper_width}" for c in pair.crossovers)
     return f"{scope}, {pair.a} vs {pair.b}: " + ", ".join(parts) + f" [{bounds}]"
+
+
+def fit_rule(result: ReplayResult, candidates: list[str] | None = None) -> DispatchRule:
+    """The dispatch rule over `candidates` (default: every selector but `auto`), per dtype and kind,
+    from the valid cases every candidate was timed on (see the module docstring)."""
+    names = [s for s in (candidates or result.selectors) if s != "auto"]
+    cases = [c for c in result.cases if not c.invalid and all(c.timed(s) for s in names)]
+    if len(names) < 1 or not cases:
+        raise DecisionError(f"no case was timed on every one of {', '.join(names) or 'no selectors'}; nothing "
+                            "to fit a dispatch rule on")
+    scopes = []
+    for dtype, kind in sorted({(c.dtype, c.kind) for c in cases}):
+        scopes.append(_fit_scope([c for c in cases if (c.dtype, c.kind) == (dtype, kind)], names, dtype, kind))
+    default = _best(cases, names)
+    return DispatchRule(names, scopes, default, {"device": result.device, "gpu": result.environment.get("gpu"),
+                                                 "inputs": result.environment.get("inputs"),
+                                                 "protocol": result.protocol.to_json(), "cases": len(cases)})
+
+
+def _median(case: CaseResult, selector: str) -> float:
+    timing = case.timed(selector)
+    assert timing is not None
+    return max(timing.median_us, 1e-9)
+
+
+def _best(cases: list[CaseResult], names: list[str]) -> str:
+    """The selector within NEAR_BEST of the fastest on the most cases; ties: lowest geometric mean."""
+    def score(name: str) -> tuple[int, float]:
+        near = sum(_median(c, name) <= NEAR_BEST * min(_median(c, n) for n in names) for c in cases)
+        return -near, sum(math.log(_median(c, name)) for c in cases)
+
+    return min(names, key=score)
+
+
+def _log_ratio(cases: list[CaseResult], a: str, b: str) -> float:
+    """The median over cases of log(time a / time b): robust to the one adversarial case a width may hold,
+    like the winner chosen by most cases."""
+    return statistics.median(math.log(_median(c, a) / _median(c, b)) for c in cases)
+
+
+def _geomean(cases: list[CaseResult], name: str) -> float:
+    return math.exp(sum(math.log(_median(c, name)) for c in cases) / len(cases))
+
+
+def _fit_scope(cases: list[CaseResult], names: list[str], dtype: str, kind: str) -> Scope:
+    by_width: dict[int, list[CaseResult]] = {}  # by position on the scope's axis: width, or rows (decode)
+    for case in cases:
+        by_width.setdefault(position(case.kind, case.rows, case.cols), []).append(case)
+    widths = sorted(by_width)
+    best = {w: _best(by_width[w], names) for w in widths}
+    scope = Scope(dtype, kind, [])
+    lower = 0
+    for w0, w1 in itertools.pairwise(widths):
+        a, b = best[w0], best[w1]
+        if a == b:
+            continue
+        at0, at1 = by_width[w0], by_width[w1]
+        y0, y1 = _log_ratio(at0, a, b), _log_ratio(at1, a, b)
+        t = 0.5 if y1 == y0 else min(1.0, max(0.0, -y0 / (y1 - y0)))
+        width = math.exp(math.log(w0) + t * (math.log(w1) - math.log(w0)))
+        scope.boundaries.append(Boundary(width, a, b, w0, w1, [c.case_id for c in at0], [c.case_id for c in at1],
+                                         math.exp(-y0), math.exp(y1)))
+        upper = max(w0 + 1, min(w1, round(width)))
+        scope.intervals.append(Interval(lower, upper, a))
+        lower = upper
+    scope.intervals.append(Interval(lower, None, best[widths[-1]]))
+    for w in widths:
+        for source in sorted({c.source for c in by_width[w]}):
+            mine = [c for c in by_width[w] if c.source == source]
+            if len(mine) == len(by_width[w]):
+                continue  # the width's only source: it is the rule there, not an exception to it
+            faster = _best(mine, names)
+            margin = _geomean(mine, best[w]) / _geomean(mine, faster)
+            if faster != best[w] and margin > NEAR_BEST:
+                scope.overturned.append(Overturn(source, w, best[w], faster, margin, [c.case_id for c in mine]))
+    return scope
