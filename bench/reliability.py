@@ -59,6 +59,20 @@ CATEGORIES: dict[str, tuple[str, str]] = {
     "test_hub": ("sharing", "offline, missing repo, missing revision, bad token (never printed), names "
      "escaping the target, unreachable Hub"),
     "test_export": ("sharing", "damaged and foreign safetensors files"),
+    "test_hostile_archives": ("archives", "issue 17 items 1-4, 9, 10: unparsable array, case and `cases/` metadata, "
+     "unknown codecs, node types that lie, deleted case metadata, killed writers (replay names them, synth "
+     "and repair complete them), memory bombs in top_k/cols/row_stride/rows, 100000 one-element chunks, a "
+     "FIFO chunk, an uninstalled URL scheme, one archive given twice, one id in two archives"),
+    "test_escapes_and_races": ("archives", "issue 17 items 5, 8: symlinked case folders (synth, overwrite, "
+     "repair), a Hub sha that is a path, Hub file names over the bookkeeping or oddly formed, two synths "
+     "into one archive at once"),
+    "test_hostile_imports": ("sharing", "issue 17 item 6: safetensors metadata that is not an object, "
+     "non-integer or NaN top_k/cols, 2-element scalars, escaping case ids, lying rows, NaN or out-of-range "
+     "reference indices"),
+    "test_misbehaving_selectors": ("selectors", "issue 17 item 7: plugins writing into logits or row ends, "
+     "working only on the verified call, sys.exit and KeyboardInterrupt in a launch, factories returning "
+     "None, raising or exiting under --isolate, launches slower than --timeout, malformed --selector specs, "
+     "a real Ctrl-C"),
     "test_streaming_and_hygiene": ("memory and code safety", "an archive 16x one case (memory must not "
      "grow); pickle anywhere in the code"),
 }

@@ -27,6 +27,9 @@ _TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ELEMENT_BYTES = {name: dt.itemsize for name, dt in STORAGE_DTYPE.items()}
 CASE_ARRAYS = ("values", "offsets", "row_starts", "row_ends", "reference_indices")
 MAX_INDEX = 2**31 - 1
+# A top_k above the matrix width is real (a prompt shorter than vLLM's 2048), but only up to this: each
+# selection slot costs output and expected-value memory per row whatever the data holds.
+MAX_K_BEYOND_COLS = 1 << 16
 
 
 @dataclass
@@ -139,6 +142,9 @@ class Case:
                                 f"got {self.values.ndim}-D {self.values.dtype}")
         if not isinstance(self.top_k, int) or self.top_k < 1 or self.top_k > MAX_INDEX:
             raise bad("top_k", f"must be an integer in [1, 2^31), got {self.top_k!r}")
+        if self.top_k > max(self.cols, MAX_K_BEYOND_COLS):
+            raise bad("top_k", f"{self.top_k} is more than the {self.cols} columns and more than "
+                               f"{MAX_K_BEYOND_COLS} (no indexer selects that many)")
         if self.cols < 0 or self.cols > MAX_INDEX:
             raise bad("cols", f"must be in [0, 2^31), got {self.cols}")
         if self.row_stride < self.cols or self.row_stride > MAX_INDEX:

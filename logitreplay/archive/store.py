@@ -243,6 +243,11 @@ class Archive:
 
     def read(self, case_id: str) -> Case:
         """Read one complete case, verifying the sha256 of every array and every invariant of the format."""
+        return self.read_unmarked(case_id, require_complete=True)
+
+    def read_unmarked(self, case_id: str, require_complete: bool = False) -> Case:
+        """`read`, but also a case whose writer stopped after its last array, before marking it complete
+        (`repair` reads such a case to decide whether it can be completed)."""
         import zarr
 
         cases = self._cases_group()
@@ -255,7 +260,7 @@ class Archive:
             raise ArchiveError(f"case {case_id}: unreadable metadata ({type(e).__name__}: {one_line(e)})") from None
         if not isinstance(grp, zarr.Group):
             raise ArchiveError(f"case {case_id}: not a case group (its metadata says array)")
-        if attrs.get("complete") is not True:
+        if require_complete and attrs.get("complete") is not True:
             raise ArchiveError(f"case {case_id}: incomplete (its writer did not finish); not data")
         if attrs.get("schema_version") != SCHEMA_VERSION:
             raise ArchiveError(f"case {case_id}: field schema_version: {attrs.get('schema_version')!r} "
@@ -360,6 +365,12 @@ class Archive:
         for cid in gone:
             remove_case_folder(Path(self.location), cid)
         return gone
+
+    def mark_complete(self, case_id: str) -> None:
+        """Set `complete` on a case `read_unmarked` read in full (the last step its writer missed)."""
+        root = Path(self.location)
+        inside(root, root / "cases" / case_id)
+        self._cases_group()[case_id].attrs["complete"] = True
 
     def lock(self) -> Any:
         """The archive's writer lock (a context manager): a second writer fails at once with one line."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from logitreplay.archive import SCHEMA_VERSION, Case
+from logitreplay.archive.case import MAX_INDEX
 from logitreplay.errors import ArchiveError, one_line
 
 METADATA_KEY = "logitreplay"
@@ -106,11 +108,35 @@ def _load(path: Path, tensors: bool) -> tuple[dict[str, str], dict[str, Any], di
             meta = json.loads(header[METADATA_KEY])
         except json.JSONDecodeError:
             raise ArchiveError(f"{path}: field metadata.{METADATA_KEY}: not JSON") from None
+        if not isinstance(meta, dict):
+            raise ArchiveError(f"{path}: field metadata.{METADATA_KEY}: not a JSON object")
     return header, meta, data
 
 
 def _case_id(path: Path, meta: dict[str, Any]) -> str:
-    return str(meta.get("case_id", path.name.removesuffix(".safetensors")))
+    cid = meta.get("case_id", path.name.removesuffix(".safetensors"))
+    if not isinstance(cid, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+~=-]{0,199}", cid):
+        raise ArchiveError(f"{path}: field case_id: {str(cid)[:60]!r} is not a case id (letters, digits and "
+                           "_.+~=- only, not starting with '.' or '-')")
+    return cid
+
+
+def _integer(path: Path, name: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
+             default: int | None) -> int | None:
+    """An integer fact of the file, from our metadata or a scalar tensor, refused unless it is exactly
+    an integer (7.9, NaN, "x", null or a 2-element tensor are not silently made into one)."""
+    if name in meta:
+        value = meta[name]
+        if type(value) is not int:
+            raise ArchiveError(f"{path}: field {name}: expected an integer, got {str(value)[:40]!r}")
+        return value
+    t = tensors.get(name)
+    if t is None:
+        return default
+    if t.numel() != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ArchiveError(f"{path}: field {name}: expected an integer scalar tensor, got {t.dtype} "
+                           f"{tuple(t.shape)}")
+    return int(t.reshape(()).item())
 
 
 def case_id_of(path: Path) -> str:
@@ -136,16 +162,33 @@ def read_file(path: Path, top_k: int | None = None) -> Case:
     starts_t = _first(tensors, _START_NAMES)
     starts = torch.zeros(rows, dtype=torch.int64) if starts_t is None else _int_tensor(path, "row_starts", starts_t, rows)
 
-    cols = int(meta.get("cols", tensors.get("cols", width)))
+    cols = _integer(path, "cols", meta, tensors, width)
+    assert cols is not None
     if not 0 <= cols <= width:
         raise ArchiveError(f"{path}: field cols: {cols} is outside [0, {width}] (the logits width)")
-    k = meta.get("top_k", tensors.get("top_k", top_k))
+    k = _integer(path, "top_k", meta, tensors, top_k)
     if k is None:
         raise ArchiveError(f"{path}: field top_k: not in the file; pass --top-k")
+    if not 1 <= k <= MAX_INDEX:
+        raise ArchiveError(f"{path}: field top_k: must be in [1, 2^31), got {k}")
+    for name, want in (("rows", rows), ("row_stride", width)):
+        if name in meta and meta[name] != want:
+            raise ArchiveError(f"{path}: field {name}: {str(meta[name])[:40]!r}, but the logits say {want}")
+    if "dtype" in meta and meta["dtype"] != {torch.float32: "float32", torch.bfloat16: "bfloat16"}[logits.dtype]:
+        raise ArchiveError(f"{path}: field dtype: {str(meta['dtype'])[:40]!r} does not match the logits' {logits.dtype}")
+    if "sha256" in meta and not isinstance(meta["sha256"], str):
+        raise ArchiveError(f"{path}: field sha256: expected a hex string")
     case_id = _case_id(path, meta)
     attrs = meta.get("provenance", {"imported_from": path.name, "metadata": header})
+    if not isinstance(attrs, dict):
+        raise ArchiveError(f"{path}: field provenance: not a JSON object")
     ref = tensors.get("reference_indices")
-    case = Case.from_matrix(case_id, logits[:, :cols], starts, ends, top_k=int(k), row_stride=width,
+    if ref is not None and (ref.is_floating_point() or ref.is_complex() or ref.dtype == torch.bool
+                            or ref.shape != (rows, k) or (ref.numel() and (ref.min() < -1 or ref.max() > MAX_INDEX))):
+        raise ArchiveError(f"{path}: field reference_indices: expected integers in [-1, 2^31) of shape ({rows}, {k}), "
+                           f"got {ref.dtype} {tuple(ref.shape)}")
+    # The matrix is real data of the file's size; the claims above were all checked against it.
+    case = Case.from_matrix(case_id, logits[:, :cols], starts, ends, top_k=k, row_stride=width,
                             reference_indices=None if ref is None else ref.to(torch.int32), attrs=attrs)
     if "sha256" in meta and case.sha256() != meta["sha256"]:
         raise ArchiveError(f"{path}: case {case_id}: field logits: sha256 of the in-range values does not "

@@ -15,6 +15,7 @@ or a pulled copy names the exact bytes it used even after the repo moves on.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from logitreplay.archive import CASE_ARRAYS, Archive, chunk_shape, write_array
+from logitreplay.archive.guards import LOCK_FILE
 from logitreplay.archive.remote import hub_errors, pin_url, resolve_revision
 from logitreplay.datasets.card import build_card
 from logitreplay.errors import ArchiveError, one_line
@@ -215,6 +217,31 @@ class Pulled:
 
 
 SOURCE_FILE = ".logitreplay-source.json"
+# Names a pulled repo may not hold: the client's bookkeeping and ours live under these in the target.
+_RESERVED = (".cache", SOURCE_FILE, LOCK_FILE)
+
+
+def safe_repo_name(name: object) -> bool:
+    """Whether a file name a Hub server listed can be written under the target: a relative path of
+    plain components (no '..', no backslash, no control character), outside the reserved names."""
+    if not isinstance(name, str) or not name or len(name) > 1000 or name.startswith("/"):
+        return False
+    parts = name.split("/")
+    return (all(p not in ("", ".", "..") and not any(c == "\\" or ord(c) < 32 for c in p) for p in parts)
+            and parts[0] not in _RESERVED)
+
+
+def _listed_names(repo_id: str, sha: str, what: str, token: str | None) -> list[str]:
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    entries = HfApi(token=token).list_repo_tree(repo_id, repo_type="dataset", revision=sha, recursive=True)
+    names = [e.path for e in entries if isinstance(e, RepoFile)]
+    bad = next((n for n in names if not safe_repo_name(n)), None)
+    if bad is not None:
+        raise ArchiveError(f"{what}: refused: the Hub listed the file name {str(bad)[:80]!r}, which would be "
+                           "written outside the archive or over its bookkeeping")
+    return names
 
 
 def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token: str | None = None) -> Pulled:
@@ -226,6 +253,7 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
     `include` patterns always keep the archive's root metadata, so a partial pull still opens as an archive.
     """
     from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import filter_repo_objects
 
     repo_id, revision = parse_ref(ref)
     target = (out if out is not None else Path("datasets") / "downloads" / repo_id).resolve()
@@ -250,10 +278,13 @@ def pull(ref: str, out: Path | None = None, include: tuple[str, ...] = (), token
     source.write_text(json.dumps({**record, "complete": False}, indent=1) + "\n")  # lets a rerun resume
     what = f"dataset {repo_id}@{revision or 'main'}"
     with hub_errors(what):
+        # Every name the server lists is checked before any path is made from it; the download then asks
+        # for exactly those names, so a different answer the second time adds nothing.
+        names = filter_repo_objects(_listed_names(repo_id, sha, what, token), allow_patterns=patterns)
         try:
             snapshot_download(repo_id, repo_type="dataset", revision=sha, local_dir=target,
-                              cache_dir=target / ".cache" / "huggingface" / "hub", allow_patterns=patterns,
-                              token=token)
+                              cache_dir=target / ".cache" / "huggingface" / "hub",
+                              allow_patterns=[glob.escape(n) for n in names], token=token)
         except ValueError as e:  # the client refuses file names that would land outside `target`
             raise ArchiveError(f"{what}: refused: {one_line(e)}") from None
     source.write_text(json.dumps({**record, "complete": True}, indent=1) + "\n")

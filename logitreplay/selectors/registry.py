@@ -16,7 +16,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import cast
 
-from logitreplay.errors import SelectorError
+from logitreplay.errors import SelectorError, one_line
 from logitreplay.selectors.base import Selector
 from logitreplay.selectors.external import EXTERNAL
 from logitreplay.selectors.vllm import LIBRARIES, VLLM
@@ -45,8 +45,9 @@ def load_factory(spec: str) -> Callable[[], Selector]:
         sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise SelectorError(f"selector {spec!r}: cannot import {module_name} ({e})") from None
+    except (Exception, SystemExit) as e:  # a relative name (TypeError), or a module that fails on import
+        raise SelectorError(f"selector {spec!r}: cannot import {module_name} ({type(e).__name__}: "
+                            f"{one_line(e)})") from None
     try:
         factory = getattr(module, attr)
     except AttributeError:
@@ -87,8 +88,8 @@ def build(spec: str) -> Selector:
     factory = load_factory(factory_spec(spec))
     try:
         sel = cast(Callable[[str], Selector], factory)(path) if path is not None and name in VLLM else factory()
-    except Exception as e:
-        raise SelectorError(f"selector {spec!r}: factory raised {type(e).__name__}: {e}") from None
+    except (Exception, SystemExit) as e:  # foreign code: even its sys.exit() is its own failure
+        raise SelectorError(f"selector {spec!r}: factory raised {type(e).__name__}: {one_line(e)}") from None
     if not isinstance(sel, Selector):
         raise SelectorError(f"selector {spec!r}: factory returned {type(sel).__name__}, which lacks "
                             "name/supports/prepare")

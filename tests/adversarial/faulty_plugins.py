@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -90,3 +91,107 @@ class _IllegalAccess(_Faulty):
 
 def make_illegal_access() -> _Faulty:
     return _IllegalAccess("illegal-access")
+
+
+class _Correct:
+    """The reference selection, then `after(logits, row_starts, row_ends, calls)` misbehaves."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        return None
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        from logitreplay.selectors.reference import ReferenceSelector
+
+        reference = ReferenceSelector().prepare(logits, row_starts, row_ends, top_k, out)
+
+        def launch() -> None:
+            self.calls += 1
+            self._launch(reference, logits, row_starts, row_ends)
+
+        return launch
+
+    def _launch(self, reference: Launch, logits: torch.Tensor, row_starts: torch.Tensor,
+                row_ends: torch.Tensor) -> None:
+        reference()
+
+
+class _ScribblesOnLogits(_Correct):
+    def _launch(self, reference: Launch, logits: torch.Tensor, row_starts: torch.Tensor,
+                row_ends: torch.Tensor) -> None:
+        reference()
+        logits[0, 0] = 1e9  # in place: the next selector would select it
+
+
+class _ShrinksRowEnds(_Correct):
+    def _launch(self, reference: Launch, logits: torch.Tensor, row_starts: torch.Tensor,
+                row_ends: torch.Tensor) -> None:
+        reference()
+        row_ends.copy_(row_starts)
+
+
+class _OnlyOnce(_Correct):
+    """Does the work on the verified call only: every timed call returns at once."""
+
+    def _launch(self, reference: Launch, logits: torch.Tensor, row_starts: torch.Tensor,
+                row_ends: torch.Tensor) -> None:
+        if self.calls == 1:
+            reference()
+
+
+class _Exits(_Correct):
+    def _launch(self, reference: Launch, logits: torch.Tensor, row_starts: torch.Tensor,
+                row_ends: torch.Tensor) -> None:
+        sys.exit(0)
+
+
+class _Interrupts(_Correct):
+    def _launch(self, reference: Launch, logits: torch.Tensor, row_starts: torch.Tensor,
+                row_ends: torch.Tensor) -> None:
+        raise KeyboardInterrupt
+
+
+class _Slow(_Correct):
+    def _launch(self, reference: Launch, logits: torch.Tensor, row_starts: torch.Tensor,
+                row_ends: torch.Tensor) -> None:
+        time.sleep(30)
+
+
+def make_scribbles_on_logits() -> _Correct:
+    return _ScribblesOnLogits("scribbles")
+
+
+def make_shrinks_row_ends() -> _Correct:
+    return _ShrinksRowEnds("shrinks-ends")
+
+
+def make_only_once() -> _Correct:
+    return _OnlyOnce("only-once")
+
+
+def make_exits() -> _Correct:
+    return _Exits("exits")
+
+
+def make_interrupts() -> _Correct:
+    return _Interrupts("interrupts")
+
+
+def make_slow() -> _Correct:
+    return _Slow("slow")
+
+
+def make_none() -> None:
+    return None
+
+
+def make_raises() -> _Correct:
+    raise RuntimeError("factory broke")
+
+
+def make_exits_in_factory() -> _Correct:
+    sys.exit(3)
