@@ -9,11 +9,13 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from logitreplay.archive import Archive, Case
 from logitreplay.cli.common import check_dir_target, emit_json, json_option, plural, progress, user_errors
-from logitreplay.datasets import synth
+from logitreplay.cli.decisions import controls_option
+from logitreplay.datasets import controls, synth
 from logitreplay.datasets.summary import summarize
 from logitreplay.errors import ArchiveError
 from logitreplay.replay.sources import describe_source
@@ -26,24 +28,57 @@ from logitreplay.replay.sources import describe_source
               help="full: the published shapes; small: runs in seconds on a CPU (rows and columns / 8; "
                    "decode suites: widths and lengths / 32, batches / 4).")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Archive directory to write.")
+@click.option("--like", "like", default=None, metavar="ARCHIVE",
+              help="Instead of a suite, write the --controls of every case of ARCHIVE (same shapes, bounds, "
+              "dtype and top_k; deterministic seeds recorded), e.g. to share them without the real logits.")
+@click.option("--controls", "control_kinds", callback=controls_option, default=None,
+              metavar="matched,ablate,shuffle", help="With --like: which controls [default: all three].")
 @json_option("The written case ids")
 @user_errors
-def synth_cmd(suite_name: str, scale: str, out: Path, json_out: str | None) -> None:
-    """Write a deterministic synthetic control suite (each case carries its recipe) to an archive."""
+def synth_cmd(suite_name: str, scale: str, out: Path, like: str | None, control_kinds: tuple[str, ...],
+              json_out: str | None) -> None:
+    """Write a deterministic synthetic control suite (each case carries its recipe) to an archive, or
+    (--like) the controls of an archive's cases."""
+    if control_kinds and like is None:
+        raise click.BadParameter("--controls derives from real cases: give --like ARCHIVE", param_hint="--controls")
     check_dir_target(out, "--out")
+    if like is not None:
+        _synth_like(like, control_kinds or tuple(controls.KINDS), out, json_out)
+        return
     archive = Archive.create(out, attrs={"title": f"logitreplay {suite_name} ({scale})"})
-    existing = set(archive.case_ids())
-    recipes = synth.recipes(suite_name, scale)
-    written = []
-    for recipe in progress(recipes, len(recipes), f"synth {suite_name}"):
-        if recipe.case_id in existing:
-            continue
-        archive.write(synth.generate(recipe))
-        written.append(recipe.case_id)
+    with archive.lock():  # a second synth into the same archive fails at once, in one line
+        existing = set(archive.case_ids())
+        recipes = synth.recipes(suite_name, scale)
+        written = []
+        for recipe in progress(recipes, len(recipes), f"synth {suite_name}"):
+            if recipe.case_id in existing:
+                continue
+            # An incomplete case of the same id (a killed synth) is rewritten, never left in the way.
+            archive.write(synth.generate(recipe), overwrite=True)
+            written.append(recipe.case_id)
     if json_out is not None:
         emit_json({"archive": str(out), "written": written, "skipped": sorted(existing)}, json_out)
     else:
         click.echo(f"wrote {plural(len(written), 'case')} to {out}"
+                   + (f" ({len(existing)} already there)" if existing else ""))
+
+
+def _synth_like(like: str, kinds: tuple[str, ...], out: Path, json_out: str | None) -> None:
+    source = Archive.open(like)
+    archive = Archive.create(out, attrs={"title": f"logitreplay controls ({', '.join(kinds)}) of {source.location}"})
+    existing = set(archive.case_ids())
+    written: list[str] = []
+    ids = source.case_ids()
+    for case_id in progress(ids, len(ids), "synth --like"):
+        real = source.read(case_id)
+        for name in controls.derived_names(kinds):
+            if controls.control_id(case_id, name) not in existing:
+                archive.write(controls.derive(real, name))
+                written.append(controls.control_id(case_id, name))
+    if json_out is not None:
+        emit_json({"archive": str(out), "written": written, "skipped": sorted(existing)}, json_out)
+    else:
+        click.echo(f"wrote {plural(len(written), 'control')} of {plural(len(ids), 'case')} to {out}"
                    + (f" ({len(existing)} already there)" if existing else ""))
 
 
@@ -67,15 +102,23 @@ def inspect_cmd(location: str, case_ids: tuple[str, ...], json_out: str | None, 
         infos = [i for i in infos if i.case_id in case_ids]
     summaries, sources = [], []
     for info in progress(infos, len(infos), "inspect"):
-        case = archive.read(info.case_id) if info.complete else None
-        summaries.append(summarize(info, case))
+        case, invalid = None, info.attrs.get("error")
+        if info.complete:
+            try:
+                case = archive.read(info.case_id)
+            except ArchiveError as e:  # a damaged case is listed as such; the others are still inspected
+                invalid = str(e)
+        summaries.append({**summarize(info, case), "invalid": invalid})
         sources.append("-" if case is None else describe_source(case))  # as `replay` names it
         if work:
             summaries[-1]["work"] = _work(case)
     if json_out is not None:
         emit_json({"archive": archive.location, "cases": summaries}, json_out, indent=1)
-        return
-    _print_table(location, summaries, sources, work)
+    else:
+        _print_table(location, summaries, sources, work)
+    invalid = [s["case_id"] for s in summaries if s["invalid"]]
+    if invalid:
+        raise ArchiveError(f"{plural(len(invalid), 'case')} invalid: {', '.join(invalid)} (listed above)")
 
 
 def _work(case: Case | None) -> dict[str, float] | None:
@@ -106,7 +149,7 @@ def _window(w: Any) -> str:
 
 
 def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[str], work: bool = False) -> None:
-    sampled = max((s["values"]["sampled_rows"] for s in summaries if s["complete"]), default=0)
+    sampled = max((s["values"]["sampled_rows"] for s in summaries if "values" in s), default=0)
     table = Table(title=f"{location}: {plural(sum(s['complete'] for s in summaries), 'case')}",
                   caption=f"k-th ties and fp16 bins (of each row's top-k values): means over up to {sampled} "
                   "sampled rows per case; min / max over all values", caption_justify="left")
@@ -117,8 +160,9 @@ def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[s
         for col in ("native passes mean/max", "DS compactions mean/max", "DS candidates/row"):
             table.add_column(col, overflow="fold")
     for s, source in zip(summaries, sources, strict=True):
-        if not s["complete"]:
-            table.add_row(s["case_id"], *["-"] * 11, "[red]INCOMPLETE (not data)[/red]")
+        if "values" not in s:
+            why = f"INVALID: {s['invalid']}" if s["invalid"] else "INCOMPLETE (not data)"
+            table.add_row(s["case_id"], *["-"] * 11, f"[red]{escape(why)}[/red]")
             continue
         v, rl = s["values"], s["row_length"]
         table.add_row(

@@ -12,9 +12,8 @@ import click
 import torch
 from rich.console import Console
 
-from logitreplay.archive import Case
 from logitreplay.cli import decisions
-from logitreplay.cli.common import STDOUT, check_file_target, json_option, progress, user_errors
+from logitreplay.cli.common import STDOUT, check_file_target, json_option, plural, progress, user_errors
 from logitreplay.datasets import synth
 from logitreplay.errors import ArchiveError, SelectorError
 from logitreplay.replay import (
@@ -28,28 +27,14 @@ from logitreplay.replay import (
     report,
     write_json,
 )
+from logitreplay.replay.engine import Unbuildable
 from logitreplay.replay.protocol import CPU_ROUNDS, CPU_WARMUP
 from logitreplay.replay.results import validate
-from logitreplay.selectors import Launch, Selector, build, load_factory
+from logitreplay.selectors import Selector, build, load_factory
 from logitreplay.selectors.auto import RULE_ENV, DispatchRule
 from logitreplay.selectors.registry import factory_spec, needs_own_process
 
 DEFAULT_SELECTORS = "reference,native,deepselect"
-
-
-class Unbuildable:
-    """Stands in for a selector whose factory raised: every case reports that error, others still run."""
-
-    def __init__(self, name: str, reason: str) -> None:
-        self.name = name
-        self.reason = reason
-
-    def supports(self, case: Case, device: torch.device) -> str | None:
-        raise RuntimeError(self.reason)
-
-    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                top_k: int, out: torch.Tensor) -> Launch:
-        raise RuntimeError(self.reason)
 
 
 def _wanted(names: str, specs: tuple[str, ...]) -> list[str]:
@@ -200,6 +185,9 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                                       case_regex=case_regex)
     if total == 0:
         raise ArchiveError("nothing to replay: the archives hold no complete case")
+    if len(pinned) < len(locations):
+        notes.append(f"{plural(len(locations) - len(pinned), 'archive')} named more than once: each archive "
+                     "is replayed once")
     env = environment(dev)
     env["inputs"] = pinned + ([f"suite {suite} ({scale})"] if suite else [])
     extra_checks = device_checks(dev)
@@ -211,13 +199,15 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
     # Two builds of one kernel library (installed and a path, or two paths) cannot share a process.
     own_process = needs_own_process(_wanted(names, specs))
-    if isolate or timeout_s is not None or own_process:
-        from logitreplay.replay.isolate import Job, merge, replay_isolated
+    from logitreplay.replay.cuda_errors import DeviceLost, finish_run
+    from logitreplay.replay.isolate import Job, merge, replay_isolated
 
+    # The jobs of isolated children: for --isolate, and for the rest of a run whose CUDA context was lost.
+    jobs = [Job(spec, sel.name, pinned, suite, scale, device, protocol.to_json(), poison, read_bandwidth,
+                case_globs=case_globs, case_regex=case_regex, controls=controls)
+            for spec, sel in zip(_wanted(names, specs), selectors, strict=True)]
+    if isolate or timeout_s is not None or own_process:
         del cases  # each child opens the cases itself
-        jobs = [Job(spec, sel.name, pinned, suite, scale, device, protocol.to_json(), poison, read_bandwidth,
-                    case_globs=case_globs, case_regex=case_regex, controls=controls)
-                for spec, sel in zip(_wanted(names, specs), selectors, strict=True)]
         per_selector: dict[str, dict[int, CaseResult]] = {}
         isolated = replay_isolated(jobs, total, 600.0 if timeout_s is None else timeout_s)
         for name, index, case_result in progress(isolated, total * len(jobs), "replay (isolated)"):
@@ -229,8 +219,14 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                      "a selector")
     else:
         stream = replay(cases, selectors, dev, protocol, poison, extra_checks, read_bandwidth)
-        for case_result in progress(stream, total, "replay"):
-            result.cases.append(case_result)
+        try:
+            for case_result in progress(stream, total, "replay"):
+                result.cases.append(case_result)
+        except DeviceLost as lost:  # a sticky CUDA error: the rest runs in fresh processes
+            at = len(result.cases)
+            result.cases = finish_run(result.cases, lost, jobs, columns, total, 600.0, progress)
+            notes.append(f"{lost} on case {result.cases[at].case_id}; the rest of the run continued in fresh "
+                         "processes, one per selector")
     # Off a terminal (logs, pipes, CI) rich would wrap the table at 80 columns; give it room instead.
     # With the JSON on stdout, everything for people goes to stderr.
     to_stderr = json_out == STDOUT
@@ -280,7 +276,9 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
         report.write_plot(result, plot_path)
     bad = report.problems(result)
     if bad:
-        listed = ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
+        unusable = [b for b in bad if b.endswith(("(invalid)", "(incomplete)"))]  # every one is listed
+        results = [b for b in bad if b not in unusable]
+        listed = ", ".join(results[:5] + (["..."] if len(results) > 5 else []) + unusable)
         if strict:
             raise click.ClickException(f"--strict: {len(bad)} failed, errored or invalid: {listed}")
         console.print(f"[bold red]RESULTS FAILED[/bold red] ({total} cases x {len(columns)} selectors): {len(bad)} "

@@ -1,28 +1,56 @@
 """The replay engine: cases x selectors -> supports -> verify -> time, one case in memory at a time.
 
-Per case: rebuild the padded, poisoned matrix on the device; compute the expected values once; give
-every selector its own sentinel-filled output buffer; ask `supports`, `prepare`, launch once and verify
-(checks 1-4, plus any device `extra_checks`, e.g. the CUDA graph replay after a bounds change). Only the
-verified selectors are timed, all of a case's together, so that the timing rounds alternate A B A B and
-drift spreads over all of them. A selector that raises is recorded as an error and the others go on. A
-case holding a NaN inside a row is invalid input: reported, never timed.
+Per case (`replay_case`): refuse a case whose padded matrix, expected values and per-selector copies do
+not fit the device's free memory, and a case holding a NaN inside a row (invalid input: reported,
+never timed); rebuild the padded, poisoned matrix on the device once (the *original* inputs) and compute
+the expected values from it once. Then, per selector, in one place (`_verify_selector`):
+
+  1. `supports`: None, or the reason it is reported unsupported;
+  2. a fresh copy of the inputs (matrix storage with its poison, row starts, row ends) and a
+     sentinel-filled output buffer of its own;
+  3. `prepare`, one launch, checks 1-4, then the device's extra checks (5: CUDA graph replay);
+  4. check 6: its copy of the inputs is still bit for bit the original (a selector writing into its
+     logits or bounds fails itself, never the next selector).
+
+The verified selectors are timed together (`_time`: rounds alternate A B A B so drift spreads over all
+of them; if that raises, each alone), each on its own copy, with its output buffer reset first. After
+timing (`_after_timing`), the output of the last timed call must pass checks 1-4 again (check 7) and the
+inputs check 6 again: a selector that does the work only on the verified call, or breaks while timed, is
+FAILED and none of its time is shown.
+
+Whatever a selector raises, `SystemExit` and `KeyboardInterrupt` included, is that selector's error,
+except a real Ctrl-C (seen by the SIGINT handler installed for the run), which stops the run.
+CUDA errors are contained there too (`_verify_selector`, `_time`, the only places selector code runs;
+see cuda_errors.py): after any error the context is probed, and a lost one (a sticky error) raises
+`DeviceLost` with the case's partial result, so that the caller continues in fresh processes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from logitreplay.archive import Case
-from logitreplay.errors import one_line
+from logitreplay.archive import ELEMENT_BYTES, Case
+from logitreplay.archive.guards import check_memory
+from logitreplay.errors import ArchiveError, one_line
+from logitreplay.replay.cuda_errors import DeviceLost, raise_if_lost
 from logitreplay.replay.fast_path import fast_path
 from logitreplay.replay.protocol import Timing, TimingProtocol
 from logitreplay.replay.results import CaseResult, SelectorResult
 from logitreplay.replay.sources import Unreadable, describe_source
 from logitreplay.replay.timing import time_launches
 from logitreplay.replay.verify import (
+    TIMED,
+    TIMED_CHECK,
     ExtraCheck,
+    Failure,
+    Inputs,
     OutputBuffer,
     Prepared,
     check_output,
@@ -45,14 +73,89 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {one_line(e, None)}"[:300]
 
 
+# -- Ctrl-C: a real one stops the run; a KeyboardInterrupt a plugin raises is the plugin's error.
+
+_ctrl_c = threading.Event()
+
+
+@contextlib.contextmanager
+def _watch_ctrl_c() -> Iterator[None]:
+    """Note a real SIGINT (then behave as before: raise KeyboardInterrupt) while the block runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum: int, frame: Any) -> None:
+        if previous is signal.SIG_IGN:
+            return
+        _ctrl_c.set()
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    _ctrl_c.clear()
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _plugin_error(e: BaseException) -> str:
+    """The one-line error of what selector code raised; re-raises a real Ctrl-C."""
+    if isinstance(e, KeyboardInterrupt) and _ctrl_c.is_set():
+        raise e
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}) raised by the selector"
+    return _error_text(e)
+
+
+class Unbuildable:
+    """Stands in for a selector whose factory failed: every case reports that error, others still run."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        raise RuntimeError(self.reason)
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        raise RuntimeError(self.reason)
+
+
+# -- one case
+
+
 def case_header(case: Case, read_bandwidth: float | None = None) -> CaseResult:
     """A case's result before any selector ran: shape, source, fast-path eligibility, read floor."""
     ok, note = fast_path(case)
     result = CaseResult(case.case_id, case.rows, case.cols, case.top_k, case.dtype, case.row_stride,
-                        describe_source(case), case.nbytes, fast_path=ok, fast_path_note=note)
+                        describe_source(case), case.nbytes, fast_path=ok, fast_path_note=note,
+                        kind=case.kind)
     if read_bandwidth:
         result.floor_us = case.nbytes / read_bandwidth * 1e6
     return result
+
+
+def replay_bytes(case: Case, selectors: int) -> int:
+    """Device memory one case's replay takes: the original padded matrix and one copy per selector, the
+    expected values, one output buffer per selector (docs/design.md)."""
+    matrix = max(case.rows, 1) * case.row_stride * ELEMENT_BYTES[case.dtype]
+    outputs = (case.rows + 2) * (case.top_k + 16) * 4
+    return matrix * (1 + selectors) + case.rows * case.top_k * 4 + outputs * selectors
+
+
+@dataclass
+class _Verified:
+    """A selector that passed checks 1-6: its launch, and the copy of the inputs and the output it uses."""
+
+    result: SelectorResult
+    launch: Launch
+    inputs: Inputs
+    output: OutputBuffer
 
 
 def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device, protocol: TimingProtocol,
@@ -60,50 +163,113 @@ def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device,
                 read_bandwidth: float | None = None) -> CaseResult:
     """Replay one case against every selector (see the module docstring); `read_bandwidth` in bytes/s."""
     result = case_header(case, read_bandwidth)
+    try:
+        check_memory(f"case {case.case_id}", f"its replay ({len(selectors)} selectors)",
+                     replay_bytes(case, len(selectors)), device)
+    except ArchiveError as e:
+        result.invalid = str(e)
+        return result
     bad = nan_row(case, device)
     if bad is not None:
         result.invalid = f"NaN inside row {bad}"
         return result
-    logits = case.padded(poison=poison, device=device)
-    starts = torch.from_numpy(case.row_starts).to(device)
-    ends = torch.from_numpy(case.row_ends).to(device)
-    expected = expected_values(logits, starts, ends, case.top_k)
-    launches: dict[str, Launch] = {}
+    original = Inputs.of(case.padded(poison=poison, device=device), torch.from_numpy(case.row_starts).to(device),
+                         torch.from_numpy(case.row_ends).to(device))
+    expected = expected_values(original.logits, original.row_starts, original.row_ends, case.top_k)
+    try:
+        _verify_and_time(case, selectors, original, expected, device, protocol, extra_checks, result)
+    except DeviceLost as lost:  # only the culprit's result stands; the caller redoes the rest elsewhere
+        result.results = [lost.result] if lost.result is not None else []
+        lost.partial = result
+        raise
+    return result
+
+
+def _verify_and_time(case: Case, selectors: Sequence[Selector], original: Inputs, expected: torch.Tensor,
+                     device: torch.device, protocol: TimingProtocol, extra_checks: Sequence[ExtraCheck],
+                     result: CaseResult) -> None:
+    verified: list[_Verified] = []
     for sel in selectors:
-        res = SelectorResult(sel.name, "ok")
+        res, ok = _verify_selector(sel, case, original, expected, device, extra_checks)
         result.results.append(res)
+        if ok is not None:
+            verified.append(ok)
+    for v in verified:
+        v.output.reset()  # the timed calls must write the output again: check 7 reads the last one
+    timings = _time({v.result.selector: v.launch for v in verified}, device, protocol)
+    for v in verified:
+        timing = timings[v.result.selector]
+        if not isinstance(timing, Timing):
+            v.result.status, v.result.reason = "error", timing
+            continue
         try:
-            why = sel.supports(case, device)
-            if why is not None and not isinstance(why, str):  # e.g. True, the natural guess: a plugin bug
-                raise TypeError(f"supports() returned {why!r}; it must return None (supported) or a "
-                                "reason string (unsupported)")
-            if why is not None:
-                res.status, res.reason = "unsupported", why
-                continue
-            out = OutputBuffer(case.rows, case.top_k, device)
-            launch = sel.prepare(logits, starts, ends, case.top_k, out.view)
-            launch()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            failures = check_output(case, logits, starts, ends, out, expected)
-            if not failures:
-                prepared = Prepared(case, sel, launch, out, logits, starts, ends)
-                failures = [f for check in extra_checks for f in check(prepared)]
-        except Exception as e:
-            res.status, res.reason = "error", _error_text(e)
+            failures = _after_timing(v, case, original, expected, device)
+        except BaseException as e:  # an asynchronous CUDA error of the timed calls surfaces here
+            v.result.status, v.result.reason = "error", f"after timing: {_plugin_error(e)}"
+            raise_if_lost(device, v.result)
             continue
         if failures:
-            res.status, res.failures = "failed", sorted(failures, key=lambda f: f.check)
-            res.reason = f"check {res.failures[0].check} ({res.failures[0].name})"
+            _failed(v.result, failures)
         else:
-            launches[sel.name] = launch
-    for name, timing in _time(launches, device, protocol).items():
-        res = next(r for r in result.results if r.selector == name)
-        if isinstance(timing, Timing):
-            res.timing = timing
-        else:
-            res.status, res.reason = "error", timing
-    return result
+            v.result.timing = timing
+
+
+def _verify_selector(sel: Selector, case: Case, original: Inputs, expected: torch.Tensor, device: torch.device,
+                     extra_checks: Sequence[ExtraCheck]) -> tuple[SelectorResult, _Verified | None]:
+    """Steps 1-4 of the module docstring for one selector; a `_Verified` when it may be timed."""
+    res = SelectorResult(str(getattr(sel, "name", sel)), "ok")
+    try:
+        why = sel.supports(case, device)
+        if why is not None and not isinstance(why, str):  # e.g. True, the natural guess: a plugin bug
+            raise TypeError(f"supports() returned {why!r}; it must return None (supported) or a reason "
+                            "string (unsupported)")
+        if why is not None:
+            res.status, res.reason = "unsupported", why
+            return res, None
+        inputs = original.copy()
+        out = OutputBuffer(case.rows, case.top_k, device)
+        launch = sel.prepare(inputs.logits, inputs.row_starts, inputs.row_ends, case.top_k, out.view)
+        if not callable(launch):
+            raise TypeError(f"prepare returned {type(launch).__name__}, which is not callable (a launch)")
+        launch()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        failures = check_output(case, original.logits, original.row_starts, original.row_ends, out, expected)
+        if not failures:
+            prepared = Prepared(case, sel, launch, out, inputs.logits, inputs.row_starts, inputs.row_ends)
+            failures = [f for check in extra_checks for f in check(prepared)]
+        changed = inputs.changed(case.case_id, original)
+    except BaseException as e:
+        res.status, res.reason = "error", _plugin_error(e)
+        raise_if_lost(device, res)
+        return res, None
+    failures += [changed] if changed is not None else []
+    if failures:
+        _failed(res, failures)
+        return res, None
+    note = getattr(sel, "note", None)  # an adapter's own line (its staging copy, the backend it chose)
+    if callable(note):
+        with contextlib.suppress(Exception):
+            res.reason = one_line(str(note(case)), 300)
+    return res, _Verified(res, launch, inputs, out)
+
+
+def _after_timing(v: _Verified, case: Case, original: Inputs, expected: torch.Tensor,
+                  device: torch.device) -> list[Failure]:
+    """Check 7 (the last timed call's output passes checks 1-4) and check 6 again, after timing."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    failures = [Failure(TIMED_CHECK, TIMED, f.case_id, f.row,
+                        f"output of the last timed call: check {f.check} ({f.name}): {f.detail}")
+                for f in check_output(case, original.logits, original.row_starts, original.row_ends, v.output,
+                                      expected)]
+    changed = v.inputs.changed(case.case_id, original)
+    return failures + ([changed] if changed is not None else [])
+
+
+def _failed(res: SelectorResult, failures: list[Failure]) -> None:
+    res.status, res.failures, res.timing = "failed", sorted(failures, key=lambda f: f.check), None
+    res.reason = f"check {res.failures[0].check} ({res.failures[0].name})"
 
 
 def _time(launches: dict[str, Launch], device: torch.device,
@@ -113,25 +279,30 @@ def _time(launches: dict[str, Launch], device: torch.device,
         return {}
     try:
         return dict(time_launches(launches, device, protocol))
-    except Exception:
-        out: dict[str, Timing | str] = {}
-        for name, launch in launches.items():
-            try:
-                out[name] = time_launches({name: launch}, device, protocol)[name]
-            except Exception as e:
-                out[name] = f"timing raised {_error_text(e)}"
-        return out
+    except BaseException as e:
+        _plugin_error(e)  # a real Ctrl-C ends the run here
+        raise_if_lost(device)  # which selector broke it is found in fresh processes, one per selector
+    out: dict[str, Timing | str] = {}
+    for name, launch in launches.items():
+        try:
+            out[name] = time_launches({name: launch}, device, protocol)[name]
+        except BaseException as e:
+            why = f"timing raised {_plugin_error(e)}"
+            out[name] = why
+            raise_if_lost(device, SelectorResult(name, "error", why))
+    return out
 
 
 def replay(cases: Iterable[Case | Unreadable], selectors: Sequence[Selector], device: torch.device,
            protocol: TimingProtocol, poison: float = 1e30, extra_checks: Sequence[ExtraCheck] = (),
            read_bandwidth: float | None = None) -> Iterator[CaseResult]:
     """Replay cases one at a time (each is dropped before the next is read)."""
-    for case in cases:
-        if isinstance(case, Unreadable):
-            yield CaseResult(case.case_id, 0, 0, 0, "-", 0, "unreadable", 0, invalid=case.reason)
-            continue
-        yield replay_case(case, selectors, device, protocol, poison, extra_checks, read_bandwidth)
+    with _watch_ctrl_c():
+        for case in cases:
+            if isinstance(case, Unreadable):
+                yield CaseResult(case.case_id, 0, 0, 0, "-", 0, "unreadable", 0, invalid=case.reason)
+                continue
+            yield replay_case(case, selectors, device, protocol, poison, extra_checks, read_bandwidth)
 
 
-__all__ = ["case_header", "device_checks", "replay", "replay_case"]
+__all__ = ["Unbuildable", "case_header", "device_checks", "replay", "replay_bytes", "replay_case"]

@@ -23,10 +23,15 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import IO, Any
 
+from logitreplay.errors import ReplayError, SelectorError
 from logitreplay.replay.protocol import TimingProtocol
 from logitreplay.replay.results import CaseResult, SelectorResult
+from logitreplay.selectors.base import Selector
 
-_CASE, _RESULT = "@case ", "@result "
+_READY, _CASE, _RESULT = "@ready", "@case ", "@result "
+# Seconds a child may take to start (import torch, build its selector) and to read its next case: the
+# per-case `--timeout` counts only the selector's own time (verify + time), from `@case` to `@result`.
+STARTUP_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -52,14 +57,14 @@ class Job:
 def replay_isolated(jobs: list[Job], total: int, timeout_s: float) -> Iterator[tuple[str, int, CaseResult]]:
     """Run each job (one selector) in children; yields (selector name, case index, result) as they come."""
     for job in jobs:
-        start = 0
+        start = job.start
         while start < total:
             before = start
             for index, result in _run_child(replace(job, start=start), timeout_s):
                 yield job.name, index, result
                 start = index + 1
             if start == before:
-                raise RuntimeError(f"isolated child for {job.name!r} ended without a result at case {start}")
+                raise ReplayError(f"isolated child for {job.name!r} ended without a result at case {start}")
 
 
 def merge(per_selector: dict[str, dict[int, CaseResult]], order: list[str], total: int) -> list[CaseResult]:
@@ -87,15 +92,26 @@ def _run_child(job: Job, timeout_s: float) -> Iterator[tuple[int, CaseResult]]:
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     stderr_tail: list[str] = []
     threading.Thread(target=_tail, args=(proc.stderr, stderr_tail), daemon=True).start()
+    try:
+        yield from _results(proc, job, lines, stderr_tail, timeout_s)
+    finally:  # also on Ctrl-C in the parent: no child outlives the run
+        if proc.poll() is None:
+            _kill(proc)
+
+
+def _results(proc: subprocess.Popen[str], job: Job, lines: queue.Queue[str | None], stderr_tail: list[str],
+             timeout_s: float) -> Iterator[tuple[int, CaseResult]]:
     current: CaseResult | None = None
     index, yielded = job.start, False
     while True:
-        try:
-            line = lines.get(timeout=timeout_s)
+        try:  # start-up and reading the next case are the child's own business, not the selector's
+            line = lines.get(timeout=timeout_s if current is not None else max(STARTUP_S, timeout_s))
         except queue.Empty:
             _kill(proc)
-            if current is not None:
-                yield index, _errored(current, job.name, f"timed out after {timeout_s:g} s (child killed)")
+            if current is None:
+                raise ReplayError(f"isolated child for {job.selector!r} did not start or read case {index} "
+                                  f"within {max(STARTUP_S, timeout_s):g} s") from None
+            yield index, _errored(current, job.name, f"timed out after {timeout_s:g} s (child killed)")
             return
         if line is None:  # the child's stdout closed: it finished or died
             code = proc.wait()
@@ -103,9 +119,11 @@ def _run_child(job: Job, timeout_s: float) -> Iterator[tuple[int, CaseResult]]:
                 why = _death(code, stderr_tail)
                 yield index, _errored(current, job.name, f"child process died: {why}")
             elif code != 0 and not yielded:
-                raise RuntimeError(f"isolated child for {job.selector!r} failed before its first case: "
-                                   f"{_death(code, stderr_tail)}")
+                raise ReplayError(f"isolated child for {job.selector!r} failed before its first case: "
+                                  f"{_death(code, stderr_tail)}")
             return
+        if line == _READY:
+            continue
         if line.startswith(_CASE):
             payload = json.loads(line[len(_CASE):])
             index, current = payload["index"], CaseResult.from_json(payload["case"])
@@ -117,7 +135,7 @@ def _run_child(job: Job, timeout_s: float) -> Iterator[tuple[int, CaseResult]]:
 
 def _pump(stream: IO[str], out: queue.Queue[str | None]) -> None:
     for line in stream:
-        if line.startswith((_CASE, _RESULT)):  # anything else is a plugin's own printing
+        if line.startswith((_READY, _CASE, _RESULT)):  # anything else is a plugin's own printing
             out.put(line.rstrip("\n"))
     out.put(None)
 
@@ -149,7 +167,8 @@ def _child() -> None:
     import torch
 
     from logitreplay.archive import Case
-    from logitreplay.replay.engine import case_header, device_checks, replay
+    from logitreplay.replay.cuda_errors import DeviceLost
+    from logitreplay.replay.engine import Unbuildable, case_header, device_checks, replay
     from logitreplay.replay.sources import open_cases
     from logitreplay.selectors.registry import build
 
@@ -158,7 +177,11 @@ def _child() -> None:
     os.dup2(2, 1)  # a plugin's prints go to stderr, never into the result stream
     device = torch.device(job.device)
     extra = device_checks(device)
-    selector = build(job.selector)
+    try:
+        selector: Selector = build(job.selector)
+    except (SelectorError, SystemExit) as e:  # the factory's failure is this selector's result on every case
+        selector = Unbuildable(job.name, str(e))
+    out.write(_READY + "\n")
     cases, _, _ = open_cases(job.locations, job.suite, job.scale, start=job.start, controls=job.controls,
                              case_globs=job.case_globs, case_regex=job.case_regex)
     protocol = TimingProtocol(**job.protocol)
@@ -166,7 +189,15 @@ def _child() -> None:
         if isinstance(case, Case):
             header = case_header(case, job.read_bandwidth)
             out.write(_CASE + json.dumps({"index": index, "case": header.to_json()}) + "\n")
-        result = next(replay([case], [selector], device, protocol, job.poison, extra, job.read_bandwidth))
+        try:
+            result = next(replay([case], [selector], device, protocol, job.poison, extra, job.read_bandwidth))
+        except DeviceLost as lost:  # this process can do no more GPU work: the parent starts a fresh child
+            if lost.partial is None:  # the engine sets it on every DeviceLost it raises
+                raise
+            result = lost.partial
+            result.results = result.results or [SelectorResult(job.name, "error", str(lost)[:300])]
+            out.write(_RESULT + json.dumps({"index": index, "case": result.to_json()}) + "\n")
+            break
         out.write(_RESULT + json.dumps({"index": index, "case": result.to_json()}) + "\n")
 
 
