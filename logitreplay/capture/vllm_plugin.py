@@ -13,15 +13,31 @@ device data on the host (that would stall the model's thread on its stream). The
 - `deep_select_topk` on `vllm.model_executor.layers.indexer_topk` and on the modules that import it by
   name (`kernels/attention/dsa/sparse_mqa_logits.py`, `candidate_blocks.py`): DeepSeek V4.1's top-k over
   bf16 sparse logits (`attention_config.indexer_sparse_logits`) and the candidate source's block
-  selection. Patched before those modules are imported, the name they bind is the wrapper.
+  selection. Patched before those modules are imported, the name they bind is the wrapper;
+- `SparseIndexerTopk.forward` (`indexer_topk.py`): the decode top-k of every backend (cooperative,
+  persistent, per_row, deep_select, ...), called by `sparse_attn_indexer`'s decode branch as
+  `get_indexer_topk(backend)(logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)`; and
+  `top_k_per_row_decode` on `vllm._custom_ops` and `torch.ops._C` for builds that call the op directly
+  (inside `forward` it is the inner call and not captured twice). A decode case records the call's facts
+  (`kind: decode`, `archive/decode.py`): next_n, seq_lens (the row ends are derived on the device by
+  vLLM's `_row_ends` rule, read on the writer thread), max_seq_len, max_model_len, the backend `forward`
+  resolved, speculative (next_n > 1).
+
+Decode and CUDA graphs: vLLM runs decode steps in CUDA graphs. Under `CUDAGraphMode.FULL` the indexer is
+inside the graph, so its Python never runs on a replay and those steps are not captured; decode steps
+are captured when they run eagerly: batches larger than the largest captured size, `enforce_eager`, or
+piecewise graphs, where `sparse_attn_indexer` (`@eager_break_during_capture`) re-runs in Python on each
+replay. Nothing is staged while a graph is being captured (the copies would be baked into it and replay
+on every later step), nor in vLLM's dummy runs (`_dummy_run`, `profile_run`, `capture_model`, V2's
+`warmup_kernels`: logits of an uninitialized cache). Decode calls share the policy's (layer, width) key,
+and every decode matrix is max_model_len wide: the default keeps each layer's first real decode call.
 
 The chunk's layout, the TP row window and the calling layer come from the calling frames
 (`vllm_frames`). A case is never staged while a CUDA graph is being captured (the copy would be baked
 into the graph). Ranks: by default tensor-parallel rank 0 captures replicated rows (every rank holds the
 same), and every rank captures its own row window when vLLM shards prefill rows across TP ranks.
 
-Extension point: a new intercepted call (e.g. decode's `top_k_per_row_decode` or `SparseIndexerTopk.
-forward`) is one more `Site` in `SITES`: the attribute to wrap, where to find it, and a `read` function
+Extension point: a new intercepted call is one more `Site` in `SITES`: the attribute to wrap, where to find it, and a `read` function
 that turns a call's arguments and calling frame into a `Call` (or None: not one to capture). Wrapping,
 the rank and policy decisions, staging and the writer are shared (`VllmCapture.offer`).
 
@@ -50,6 +66,7 @@ import multiprocessing.util
 import os
 import sys
 import threading
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
@@ -73,6 +90,11 @@ ENV_MODEL = "LOGITREPLAY_CAPTURE_MODEL"
 ENV_REVISION = "LOGITREPLAY_CAPTURE_REVISION"
 AUTO = "auto"
 OP_NAME = "top_k_per_row_prefill"
+DECODE_OP = "top_k_per_row_decode"
+DECODE_FORWARD = "forward"  # of SparseIndexerTopk
+# vLLM's runs on dummy inputs (V1 and V2 model runners): their logits score an uninitialized cache.
+_WARMUP_FUNCTIONS = frozenset({"_dummy_run", "profile_run", "capture_model", "warmup_kernels"})
+_WARMUP_DEPTH = 400
 DEEP_SELECT = "deep_select_topk"
 _DEEP_SELECT_BINDERS = ("vllm.model_executor.kernels.attention.dsa.sparse_mqa_logits",
                         "vllm.model_executor.kernels.attention.dsa.candidate_blocks")
@@ -202,12 +224,15 @@ class VllmCapture:
             if self.writer is not None and self.writer.failed:  # it has logged why; stop asking
                 self.enabled = False
                 return
-            if self.selection.exhausted() or (args and _capturing_graph(args[0])):
+            tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)  # a method's args[0] is self
+            if self.selection.exhausted() or _capturing_graph(tensor):
                 return
             call = site.read(args, kwargs, result, frame)
             if call is None or not self._rank_wanted(call.shard is not None):
                 return
             if not self.selection.wants(call.layer.index, int(call.matrix.shape[1])):
+                return
+            if _in_warmup(frame):  # only for wanted calls: it walks the whole stack
                 return
             writer = self._writer()
             attrs = {**self.provenance, **_model_facts(), **call.attrs, "index_source": site.source,
@@ -300,6 +325,10 @@ class _Wrapped:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._original, name)
 
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """Wrapping a method on its class (`SparseIndexerTopk.forward`): bound like the function was."""
+        return self if instance is None else types.MethodType(self, instance)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         capture = self._capture
         if getattr(capture._inside, "active", False):  # an outer wrapper of this same call captures
@@ -361,6 +390,75 @@ def _read_deep_select(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
                 facts.layer, facts.num_reqs, ks if ks is not None and ks.shape[0] == rows else None, attrs)
 
 
+def _read_decode(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+                 frame: FrameType | None) -> Call | None:
+    """`SparseIndexerTopk.forward(self, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)`,
+    positional as `sparse_attn_indexer` calls it; the backend is the one `forward` resolved."""
+    if len(args) != 7 or kwargs:
+        return None
+    module, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len = args
+    backend = str(module.resolve_backend(logits, int(topk_tokens), int(logits.shape[0])))
+    return _decode_call(logits, seq_lens, int(next_n), topk_indices, int(topk_tokens), int(max_seq_len), backend,
+                        frame, f"SparseIndexerTopk ({backend})")
+
+
+def _read_decode_op(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+                    frame: FrameType | None) -> Call | None:
+    """`top_k_per_row_decode(logits, next_n, seq_lens, indices, numRows, stride0, stride1, topK)`."""
+    if len(args) != 8 or kwargs:
+        return None
+    logits, next_n, seq_lens, indices, num_rows, stride0, stride1, top_k = args
+    if int(stride1) != 1 or logits.stride(1) != 1 or logits.stride(0) != int(stride0):
+        raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
+                           f"stride0={stride0}, stride1={stride1}")
+    rows = int(num_rows)
+    return _decode_call(logits[:rows], seq_lens, int(next_n), indices[:rows], int(top_k), None, "per_row", frame,
+                        DECODE_OP)
+
+
+def _decode_call(logits: torch.Tensor, seq_lens: torch.Tensor, next_n: int, indices: torch.Tensor, top_k: int,
+                 max_seq_len: int | None, backend: str, frame: FrameType | None, writer: str) -> Call | None:
+    """A decode call as a `Call`: row ends by `SparseIndexerTopk._row_ends` (device ops, no sync), the
+    facts the shapes tell, the layer from the frames."""
+    rows = int(logits.shape[0])
+    per_row = seq_lens.numel() == rows  # (batch, next_n) per-row lengths, or next_n == 1
+    if per_row:
+        ends = seq_lens.reshape(-1)
+    else:
+        offsets = torch.arange(next_n, dtype=seq_lens.dtype, device=seq_lens.device)
+        ends = (seq_lens.reshape(-1, 1) - next_n + 1 + offsets).clamp(min=0).reshape(-1)
+    f = vllm_frames.find_frame(frame, local="k_cache_prefix")
+    prefix = f.f_locals.get("k_cache_prefix") if f is not None else None
+    layer = vllm_frames.calling_layer(f.f_back if f is not None else frame,
+                                      prefix if isinstance(prefix, str) else None)
+    attrs: dict[str, Any] = {
+        **layer.attrs(), "logits_kind": "paged_mqa_logits", "chunk": {},
+        "kind": "decode", "decode": {"next_n": next_n, "per_row": per_row, "max_model_len": int(logits.shape[1]),
+                                     "max_seq_len": max_seq_len, "backend": backend, "speculative": next_n > 1},
+        "reference_source": f"indices written by vLLM {writer}"}
+    return Call(logits, torch.zeros_like(ends), ends, indices[:rows, :top_k], top_k, int(logits.stride(0)), layer,
+                rows // next_n, None, attrs)
+
+
+def _in_warmup(frame: FrameType | None) -> bool:
+    """Whether a caller up the stack is one of vLLM's dummy runs (host frames only)."""
+    for _ in range(_WARMUP_DEPTH):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in _WARMUP_FUNCTIONS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _decode_targets() -> list[Any]:
+    try:
+        return [importlib.import_module("vllm.model_executor.layers.indexer_topk").SparseIndexerTopk]
+    except Exception as e:  # an older vLLM: the op site may still be there
+        log.debug("logitreplay capture: no SparseIndexerTopk: %s", e)
+        return []
+
+
 def _prefill_targets() -> list[Any]:
     import vllm._custom_ops as ops
 
@@ -381,6 +479,8 @@ def _deep_select_targets() -> list[Any]:
 SITES: tuple[Site, ...] = (
     Site(OP_NAME, _prefill_targets, _read_prefill, f"input of vLLM {OP_NAME}"),
     Site(DEEP_SELECT, _deep_select_targets, _read_deep_select, f"input of vLLM {DEEP_SELECT}"),
+    Site(DECODE_FORWARD, _decode_targets, _read_decode, "input of vLLM SparseIndexerTopk.forward (decode)"),
+    Site(DECODE_OP, _prefill_targets, _read_decode_op, f"input of vLLM {DECODE_OP} (decode)"),
 )
 
 

@@ -96,6 +96,39 @@ def prefill_step(requests: list[tuple[int, int]], kv_cache: torch.Tensor, *, rat
     return Step(metadata, q, weights, tokens)
 
 
+def decode_step(seq_lens: list[int], kv_cache: torch.Tensor, *, next_n: int = 1, per_row: bool = True,
+                max_seq_len: int | None = None, seed: int = 0) -> Step:
+    """One uniform decode batch as the builder leaves it (mla/indexer.py l.1263-1281, l.1741-1764): request b
+    has `seq_lens[b]` keys (rows of `kv_cache` after the earlier requests'), `next_n` query tokens; its
+    `seq_lens` row is (next_n,) per-row lengths `(L - next_n + 1 + j).clamp(0)` with native MTP
+    (`per_row`), else (L,). `max_seq_len` is the host bound (default: the longest request)."""
+    from vllm.v1.attention.backends.mla.indexer import (
+        DeepSeekV32IndexerDecodeMetadata,
+        DeepseekV32IndexerMetadata,
+    )
+
+    device = kv_cache.device
+    i32 = dict(dtype=torch.int32, device=device)
+    width = max(seq_lens)
+    firsts = [sum(seq_lens[:b]) for b in range(len(seq_lens))]
+    block_table = torch.tensor([[f + min(p, n - 1) if n else 0 for p in range(width)]
+                                for f, n in zip(firsts, seq_lens, strict=True)], **i32)
+    lens = torch.tensor(seq_lens, **i32)[:, None]
+    if per_row and next_n > 1:
+        lens = (lens - next_n + 1 + torch.arange(next_n, **i32)).clamp(min=0)
+    batch = len(seq_lens)
+    tokens = batch * next_n
+    decode = DeepSeekV32IndexerDecodeMetadata(block_table, lens, torch.full((batch,), next_n, **i32))
+    metadata = DeepseekV32IndexerMetadata(
+        seq_lens=torch.tensor(seq_lens, **i32), max_seq_len=max_seq_len or width,
+        slot_mapping=torch.zeros(tokens, **i32), num_decodes=batch, num_decode_tokens=tokens, num_prefills=0,
+        num_prefill_tokens=0, decode=decode)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(tokens, HEADS, DIM, generator=g).to(device)
+    weights = torch.rand(tokens, HEADS, generator=g).to(device)
+    return Step(metadata, q, weights, tokens)
+
+
 def run(layer: Any, step: Step) -> None:
     """`layer._sparse_indexer_and_attn(...)` inside a forward context whose `attn_metadata` maps the layer's
     index K cache prefix to the step's metadata; records in `step.seen` the logits the scoring kernels
@@ -107,8 +140,8 @@ def run(layer: Any, step: Step) -> None:
     def spy(module: Any, name: str) -> Any:
         original = getattr(module, name)
 
-        def kernel(*args: Any) -> torch.Tensor:
-            out = original(*args)
+        def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
+            out = original(*args, **kwargs)
             kept = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
             step.seen.append(kept.copy_(out))
             return out
@@ -117,6 +150,7 @@ def run(layer: Any, step: Step) -> None:
         return original
 
     spied = [(m, n, spy(m, n)) for m, n in ((sparse_attn_indexer, "fp8_fp4_mqa_logits"),
+                                            (sparse_attn_indexer, "fp8_fp4_paged_mqa_logits"),
                                             (sparse_mqa_logits, "fp8_fp4_sparse_mqa_logits"))]
     sparse = getattr(step.metadata, "sparse_prefill", None) is not None
     q_scale = torch.ones(step.q.shape[:2], device=step.q.device) if sparse else None

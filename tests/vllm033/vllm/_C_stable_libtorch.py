@@ -28,3 +28,54 @@ if not hasattr(torch.ops._C, "top_k_per_row_prefill"):
     _lib.impl("top_k_per_row_prefill", top_k_per_row_prefill_kernel, "CPU")
     _lib.impl("top_k_per_row_prefill", top_k_per_row_prefill_kernel, "CUDA")
     torch.ops._C._logitreplay_test_lib = _lib
+
+
+# The decode top-k ops (vllm/model_executor/layers/indexer_topk.py's backends), with 0.33's schemas.
+DECODE_SCHEMAS = {
+    "top_k_per_row_decode": "top_k_per_row_decode(Tensor logits, int next_n, Tensor seq_lens, Tensor! indices, "
+                            "int numRows, int stride0, int stride1, int topK) -> ()",
+    "persistent_topk": "persistent_topk(Tensor logits, Tensor lengths, Tensor! output, Tensor workspace, int k, "
+                       "int max_seq_len) -> ()",
+    "cooperative_topk": "cooperative_topk(Tensor logits, Tensor lengths, Tensor! output, Tensor workspace, int k, "
+                        "int max_seq_len) -> ()",
+}
+
+
+def _decode_rows(logits, row_ends, out, k):
+    """Row r: the top-k columns of [0, row_ends[r]), -1 tails (no host sync: it runs in CUDA graphs)."""
+    cols = torch.arange(logits.shape[1], device=logits.device)
+    valid = cols < row_ends[:, None].long()
+    kk = min(k, logits.shape[1])
+    top = torch.where(valid, logits, float("-inf")).topk(kk, dim=1).indices
+    out[:, :kk] = torch.where(valid.gather(1, top), top, -1).to(torch.int32)
+    out[:, kk:k] = -1
+
+
+def top_k_per_row_decode_kernel(logits, next_n, seq_lens, indices, numRows, stride0, stride1, topK):
+    """The per-row kernel's rowEnd = seqLens[row / next_n] - next_n + row % next_n + 1 ((batch, 1) lens),
+    or the per-row lens themselves ((batch, next_n))."""
+    view = logits.as_strided((numRows, logits.shape[1]), (stride0, stride1))
+    lens = seq_lens.reshape(-1)
+    if lens.numel() == numRows:
+        ends = lens
+    else:
+        ends = (lens.repeat_interleave(next_n, output_size=numRows) - next_n + 1
+                + torch.arange(next_n, device=lens.device).repeat(numRows // next_n)).clamp(min=0)
+    _decode_rows(view, ends, indices[:numRows], topK)
+
+
+def radix_topk_kernel(logits, lengths, output, workspace, k, max_seq_len):
+    """persistent_topk / cooperative_topk: one length per row (lengths.numel() == rows), clamped to
+    max_seq_len; the workspace is vLLM's 1 MiB uint8 buffer."""
+    assert workspace.dtype == torch.uint8 and lengths.dtype == torch.int32
+    _decode_rows(logits, lengths.reshape(-1).clamp(max=max_seq_len), output, k)
+
+
+if not hasattr(torch.ops._C, "top_k_per_row_decode"):
+    _decode_lib = torch.library.Library("_C", "FRAGMENT")
+    for _name, _schema in DECODE_SCHEMAS.items():
+        _decode_lib.define(_schema)
+        _kernel = top_k_per_row_decode_kernel if _name == "top_k_per_row_decode" else radix_topk_kernel
+        for _key in ("CPU", "CUDA"):
+            _decode_lib.impl(_name, _kernel, _key)
+    torch.ops._C._logitreplay_decode_test_lib = _decode_lib

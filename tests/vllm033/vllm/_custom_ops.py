@@ -30,3 +30,26 @@ def cp_gather_indexer_k_quant_cache(kv_cache, dst_k, dst_scale, block_table, cu_
     """Stand-in for the cache-gather op: here `block_table` lists the cache rows of the chunk's keys."""
     dst_k[: block_table.shape[0]] = kv_cache[block_table.long()]
     dst_scale[: block_table.shape[0]] = 1.0
+
+
+def top_k_per_row_decode(
+    logits: torch.Tensor,
+    next_n: int,
+    seq_lens: torch.Tensor,
+    raw_topk_indices: torch.Tensor,
+    num_rows: int,
+    stride0: int,
+    stride1: int,
+    topk_tokens: int,
+) -> None:
+    """vllm/_custom_ops.py l.3225-3244."""
+    torch.ops._C.top_k_per_row_decode(
+        logits,
+        next_n,
+        seq_lens,
+        raw_topk_indices,
+        num_rows,
+        stride0,
+        stride1,
+        topk_tokens,
+    )

@@ -11,5 +11,11 @@ class _Platform:
     def is_device_capability_family(self, family: int) -> bool:
         return family == 100
 
+    def has_device_capability(self, capability: int) -> bool:
+        return capability <= 100
+
+    def is_rocm(self) -> bool:
+        return False
+
 
 current_platform = _Platform()

@@ -33,3 +33,24 @@ def fp8_fp4_sparse_mqa_logits(q, kv, weights, key_rows, num_sparse_cols, sparse_
     (q_values, _), (k_quant, _) = q, kv
     keys = k_quant[key_rows.long().clamp(0, k_quant.shape[0] - 1)]
     return _scores(q_values, keys, weights).to(torch.bfloat16).contiguous()
+
+
+def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, schedule_metadata,
+                             max_model_len, indices=None):
+    """l.738-777: decode logits of shape [B * next_n, max_model_len] (contiguous); columns past each row's
+    context length are not cleaned. `context_lens` is (B, next_n) per-row or (B, 1); here `block_tables`
+    lists, per request, the cache rows of its key positions."""
+    q_values, _ = q
+    batch, next_n = q_values.shape[:2]
+    rows = batch * next_n
+    lens = context_lens.reshape(batch, -1)
+    if lens.shape[1] != next_n:  # (B, 1): row j of a request ends at seq_len - next_n + 1 + j
+        lens = (lens - next_n + 1 + torch.arange(next_n, device=lens.device)).clamp(min=0)
+    out = torch.full((rows, max_model_len), GARBAGE[0], device=q_values.device)
+    out[:, ::3] = GARBAGE[1]
+    width = block_tables.shape[1]
+    keys = kv_cache[block_tables.long().clamp(0, kv_cache.shape[0] - 1)]  # (B, width, D)
+    scores = _scores(q_values.reshape(rows, *q_values.shape[2:]), keys.repeat_interleave(next_n, dim=0), weights)
+    inside = torch.arange(width, device=out.device) < lens.reshape(rows, 1)
+    out[:, :width] = torch.where(inside, scores, out[:, :width])
+    return out

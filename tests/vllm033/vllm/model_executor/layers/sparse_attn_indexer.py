@@ -1,7 +1,8 @@
 """vllm/model_executor/layers/sparse_attn_indexer.py: `sparse_attn_indexer`'s prefill loop (l.600-790) with
 0.33's locals and calls, `PrefillRowShard` (l.368-406) verbatim, and `SparseAttnIndexer.forward_cuda`
 (l.1111-1152) calling the op through `torch.ops.vllm.sparse_attn_indexer` (registered as vLLM's
-`direct_register_custom_op` does). Quantization, decode, DCP and PCP are left out."""
+`direct_register_custom_op` does); the decode branch (l.791-957) for uniform batches, through
+`get_indexer_topk(topk_backend)`. Quantization, padded decode, DCP and PCP are left out."""
 
 import sys
 
@@ -15,7 +16,8 @@ from vllm.model_executor.kernels.attention.dsa.candidate_blocks import (
 from vllm.model_executor.kernels.attention.dsa.candidate_blocks import (
     select_candidate_blocks as _select_candidate_blocks,
 )
-from vllm.utils.deep_gemm import fp8_fp4_mqa_logits
+from vllm.model_executor.layers.indexer_topk import get_indexer_topk
+from vllm.utils.deep_gemm import fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits
 
 
 class PrefillRowShard:
@@ -80,6 +82,7 @@ def sparse_attn_indexer(
     forward_context = get_forward_context()
     attn_metadata = forward_context.attn_metadata
     attn_metadata_narrowed = attn_metadata[k_cache_prefix]
+    has_decode = attn_metadata_narrowed.num_decodes > 0
     has_prefill = attn_metadata_narrowed.num_prefills > 0
     num_decode_tokens = attn_metadata_narrowed.num_decode_tokens
     if not skip_topk_buffer_clear:
@@ -150,6 +153,37 @@ def sparse_attn_indexer(
                 )
         if row_shard is not None:
             row_shard.exchange_topk(topk_indices_buffer, topk_tokens)
+    if has_decode:  # l.791-957, for a uniform batch (no padding), without DCP or candidate blocks
+        decode_metadata = attn_metadata_narrowed.decode
+        assert decode_metadata is not None
+        decode_lens = decode_metadata.decode_lens
+        padded_q_quant_decode_tokens = q_quant[:num_decode_tokens].reshape(
+            decode_lens.shape[0], -1, *q_quant.shape[1:]
+        )
+        padded_q_scale = None
+        batch_size = padded_q_quant_decode_tokens.shape[0]
+        next_n = padded_q_quant_decode_tokens.shape[1]
+        num_padded_tokens = batch_size * next_n
+        seq_lens = decode_metadata.seq_lens[:batch_size]
+        logits = fp8_fp4_paged_mqa_logits(
+            (padded_q_quant_decode_tokens, padded_q_scale),
+            kv_cache,
+            weights[:num_padded_tokens],
+            seq_lens,
+            decode_metadata.block_table,
+            decode_metadata.schedule_metadata,
+            max_model_len=max_model_len,
+            indices=decode_metadata.indices,
+        )
+        topk_indices = topk_indices_buffer[:num_padded_tokens, :topk_tokens]
+        get_indexer_topk(topk_backend)(
+            logits,
+            seq_lens,
+            next_n,
+            topk_indices,
+            topk_tokens,
+            attn_metadata_narrowed.max_seq_len,
+        )
     return topk_indices_buffer
 
 

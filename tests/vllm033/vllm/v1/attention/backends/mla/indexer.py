@@ -42,3 +42,16 @@ class DeepseekV32IndexerMetadata:
     num_prefill_tokens: int
     decode: object | None = None
     prefill: DeepseekV32IndexerPrefillMetadata | None = None
+
+
+@dataclass
+class DeepSeekV32IndexerDecodeMetadata:
+    """l.1753-1764 (the fields the decode branch reads): `seq_lens` (B, next_n) per-row for native MTP,
+    else (B, 1); `decode_lens` (B,) query tokens per request."""
+
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    decode_lens: torch.Tensor
+    requires_padding: bool = False
+    schedule_metadata: torch.Tensor | None = None
+    indices: torch.Tensor | None = None
