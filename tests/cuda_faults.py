@@ -24,9 +24,10 @@ class Sticky(ReferenceSelector):
         reference = super().prepare(logits, row_starts, row_ends, top_k, out)
         if logits.device.type == "cuda":
             bad = torch.tensor([1 << 30], device=logits.device)
+            src = torch.zeros(4, dtype=out.dtype, device=logits.device)
 
             def launch() -> None:
-                out.view(-1)[bad] = 0  # index out of range: device-side assert, sticky
+                out[0, :1] = src[bad]  # index out of range: device-side assert, sticky
 
             return launch
         if os.environ.get("LR_TEST_LOSE_PID") == str(os.getpid()):

@@ -3,9 +3,9 @@
 //
 // One block of 512 threads per row, with vLLM 0.33's pass structure (half, then 11, 11 and 10 bits):
 // - Pass 0 histograms the top 11 bits of every value rounded to fp16 (2048 bins) and finds the bin
-//   holding the k-th largest. Only when that bin holds <= 2048 elements does a second sweep emit every
-//   element above it and collect the bin's elements for the final sort; otherwise pass 0 is spent, and
-//   nothing it found is kept.
+//   holding the k-th largest, then sweeps the row again: only when that bin holds <= 2048 elements does
+//   the sweep emit every element above it and collect the bin's elements for the final sort; otherwise
+//   pass 0 is spent (its sweep still reads the row), and nothing it found is kept.
 // - Pass 1 starts over on the fp32 key: it histograms bits 31..21 of *every* element of the row (not only
 //   those of pass 0's bin), then emits and collects the same way when its threshold bin fits.
 // - Passes 2 and 3 histogram bits 20..10 and 9..0 among the elements whose key matches every fp32 bin
@@ -75,8 +75,8 @@ struct Pass {
 // elements above it are in `slots` and the bin's elements in s.u.cand, else the next pass must refine it
 // (pass 0 then leaves nothing behind: pass 1 starts over).
 template <int P, typename T>
-__device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int* slots, uint32_t pattern, Smem& s,
-                                           LrStatus* status) {
+__device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int* slots, uint32_t pattern,
+                                           bool by_value, Smem& s, LrStatus* status) {
   lr::smem_fill<kThreads>(s.u.hist, Pass<P>::kBinsP, 0u);
   __syncthreads();
   bool nan = false;
@@ -92,20 +92,22 @@ __device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int
   const uint32_t need = static_cast<uint32_t>(top_k) - s.found;
   const lr::ThresholdBin t = lr::block_threshold_bin<kThreads, Pass<P>::kBinsP>(s.u.hist, need, s.scan);
   const bool collect = P < 3 && t.count <= kFinal;
-  if (P == 0 && !collect) return t;  // nothing of pass 0 is kept: no emit sweep
+  // Pass 0 keeps its emits only when its bin fits (pass 1 starts over otherwise), yet, as upstream, its
+  // sweep over the row runs either way.
+  const bool keep = P != 0 || collect;
   const uint32_t tb = static_cast<uint32_t>(t.bin);
   const uint32_t take_equal = need - t.above;  // used by the last pass only
   lr::for_each_in_row<kThreads>(row, len, [&](float x, int i) {
     if (!Pass<P>::match(x, pattern)) return;
     const uint32_t b = Pass<P>::bin(x);
     if (b > tb) {
-      slots[atomicAdd(&s.found, 1u)] = i;
+      if (keep) slots[atomicAdd(&s.found, 1u)] = i;
     } else if (b == tb) {
       if constexpr (P == 3) {
         if (atomicAdd(&s.ties, 1u) < take_equal) slots[atomicAdd(&s.found, 1u)] = i;
       } else if (collect) {
         const uint32_t c = atomicAdd(&s.cand_n, 1u);
-        s.u.cand.keys[c] = lr::f32_key(x);
+        s.u.cand.keys[c] = by_value ? __float_as_uint(x) : lr::f32_key(x);
         s.u.cand.idx[c] = i;
       }
     }
@@ -120,15 +122,15 @@ __device__ void finish_candidates(long long r, int top_k, int* slots, Smem& s) {
   const int base = static_cast<int>(s.found);
   const int m = top_k - base;
   if (r < kRankRows) {
-    // Upstream's insertion sort: each candidate's rank among all candidates (ties by position), which
-    // costs n^2 / threads compares: cheap for the few candidates of spread-out values, and the main
-    // cost of concentrated rows whose threshold bin holds up to 2048 of them.
+    // Upstream's insertion sort: each candidate's rank among all candidates, counted with float compares
+    // (ties by position), as upstream counts it: n^2 / threads compares, cheap for the few candidates of
+    // spread-out values, and the main cost of concentrated rows whose threshold bin holds up to 2048.
     for (int i = threadIdx.x; i < n; i += kThreads) {
-      const uint32_t key = s.u.cand.keys[i];
+      const float v = __uint_as_float(s.u.cand.keys[i]);
       int rank = 0;
       for (int j = 0; j < n; ++j) {
-        const uint32_t o = s.u.cand.keys[j];
-        rank += (o > key) | ((o == key) & (j < i));
+        const float o = __uint_as_float(s.u.cand.keys[j]);
+        if (v < o || (v == o && i < j)) ++rank;
       }
       if (rank < m) slots[base + rank] = s.u.cand.idx[i];
     }
@@ -163,16 +165,20 @@ __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restri
     s.cand_n = 0;
     s.ties = 0;
   }
-  // The first pass's clear is followed by a barrier, which also publishes these counters.
-  bool collected = histogram_pass<0>(row, len, top_k, slots, 0u, s, status).count <= kFinal;
+  // The first pass's clear is followed by a barrier, which also publishes these counters. Candidates are
+  // kept as float values for the rank-counting finish, as order-preserving keys for the radix select.
+  const bool by_value = r < kRankRows;
+  bool collected = histogram_pass<0>(row, len, top_k, slots, 0u, by_value, s, status).count <= kFinal;
   if (!collected) {
-    const lr::ThresholdBin t1 = histogram_pass<1>(row, len, top_k, slots, 0u, s, status);
+    const lr::ThresholdBin t1 = histogram_pass<1>(row, len, top_k, slots, 0u, by_value, s, status);
     collected = t1.count <= kFinal;
     if (!collected) {
       const uint32_t p1 = static_cast<uint32_t>(t1.bin) << 21;
-      const lr::ThresholdBin t2 = histogram_pass<2>(row, len, top_k, slots, p1, s, status);
+      const lr::ThresholdBin t2 = histogram_pass<2>(row, len, top_k, slots, p1, by_value, s, status);
       collected = t2.count <= kFinal;
-      if (!collected) histogram_pass<3>(row, len, top_k, slots, p1 | (static_cast<uint32_t>(t2.bin) << 10), s, status);
+      if (!collected) {
+        histogram_pass<3>(row, len, top_k, slots, p1 | (static_cast<uint32_t>(t2.bin) << 10), by_value, s, status);
+      }
     }
   }
   if (collected) finish_candidates(r, top_k, slots, s);
