@@ -199,8 +199,9 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
     # Two builds of one kernel library (installed and a path, or two paths) cannot share a process.
     own_process = needs_own_process(_wanted(names, specs))
-    from logitreplay.replay.cuda_errors import DeviceLost, finish_run
+    from logitreplay.replay.cuda_errors import DeviceLost
     from logitreplay.replay.isolate import Job, merge, replay_isolated
+    from logitreplay.replay.resume import finish_run
 
     # The jobs of isolated children: for --isolate, and for the rest of a run whose CUDA context was lost.
     jobs = [Job(spec, sel.name, pinned, suite, scale, device, protocol.to_json(), poison, read_bandwidth,
