@@ -151,7 +151,8 @@ def _fail_fast_offline(model: str, revision: str | None) -> None:
     from huggingface_hub import constants
 
     proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
-    if Path(model).is_dir() or constants.HF_HUB_OFFLINE or proxied or cached_revision(model, revision):
+    a_path = Path(model).is_dir() or os.path.isabs(model) or model.startswith((".", "~"))  # not a hub id
+    if a_path or constants.HF_HUB_OFFLINE or proxied or cached_revision(model, revision):
         return
     url = urlparse(constants.ENDPOINT)
     try:
