@@ -17,6 +17,7 @@ from logitreplay.cli import main
 from tests.plugins import plugin_case
 
 FAULTY = "tests.adversarial.faulty_plugins"
+SLOW_MARKER = "FAULTY_SLOW_MARKER"
 
 
 def _archive(tmp_path: Path, n: int = 1) -> Path:
@@ -97,6 +98,7 @@ def test_malformed_selector_specs_are_one_line_errors(tmp_path: Path, spec: str)
 
 @pytest.mark.slow
 def test_a_real_ctrl_c_still_stops_the_run(tmp_path: Path) -> None:
+    import os
     import signal
     import subprocess
     import sys
@@ -104,10 +106,15 @@ def test_a_real_ctrl_c_still_stops_the_run(tmp_path: Path) -> None:
 
     root = _archive(tmp_path)
     for isolate in ([], ["--isolate"]):
+        marker = tmp_path / f"sleeping{len(isolate)}"
         proc = subprocess.Popen([sys.executable, "-m", "logitreplay.cli", "replay", str(root), "--selectors", "",
                                  "--selector", f"{FAULTY}:make_slow", *isolate], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
-        time.sleep(8)  # torch imported, the slow launch (30 s) running
+                                stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2],
+                                env={**os.environ, SLOW_MARKER: str(marker)})
+        deadline = time.monotonic() + 240
+        while not marker.exists() and time.monotonic() < deadline:  # the slow launch (30 s) is running
+            time.sleep(0.2)
+        assert marker.exists()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
         assert proc.returncode != 0 and "Traceback" not in err, err
