@@ -89,10 +89,11 @@ def _assert_exact(case: Case, step: Step, written: torch.Tensor, rows: slice = s
     are what it wrote."""
     chunk = step.metadata.prefill.chunks[0]
     ks, ke = chunk.cu_seqlen_ks[rows].cpu(), chunk.cu_seqlen_ke[rows].cpu()
-    seen = step.seen[-1].cpu()
+    read = step.seen[-1]  # the strided view the top-k read (`.cpu()` of a CUDA view is contiguous)
+    seen = read.cpu()
     assert case.row_starts.tolist() == [0] * case.rows  # compressed: every row from column 0
     assert case.row_ends.tolist() == (ke - ks).tolist()
-    assert case.cols == chunk.max_seqlen_k and case.row_stride == seen.stride(0) > case.cols
+    assert case.cols == chunk.max_seqlen_k and case.row_stride == read.stride(0) > case.cols
     assert np.isfinite(case.values).all()  # nothing of the NaN / 3e38 garbage past each row's end
     for r in range(case.rows):
         assert torch.equal(case.row(r).view(torch.int32), seen[r, : int(ke[r] - ks[r])].view(torch.int32))
