@@ -7,7 +7,7 @@ the staged libraries (`vllm-native@LIB`, the decode kernels and `vllm-auto`, `vl
 measures the adapters' staging copy alone (same protocol), and writes bench/FIDELITY.md: per case our
 time, upstream's time, the copy, ratio = ours / (upstream - copy), hardware, date, command.
 
-    python bench/fidelity.py --lib /tmp/vllm/_C_stable_libtorch.abi3.so --ds-lib /tmp/vllm/_deepselect_C.abi3.so \\
+    python bench/fidelity.py --lib $VLLM_LIBS/_C_stable_libtorch.abi3.so --ds-lib $VLLM_LIBS/_deepselect_C.abi3.so \\
         --out out/fidelity --md bench/FIDELITY.md
     python bench/fidelity.py --out out/fidelity --md bench/FIDELITY.md --no-run   # from an earlier run's JSON
 """
