@@ -3,6 +3,10 @@
 Every stage reads or writes archives through this module: capture writes `Case`s with `Archive.write`,
 replay iterates an `Archive`. A case group is marked `complete` only after all of its arrays are
 written, so a killed writer leaves an incomplete case that readers list as such and never read as data.
+
+Its ~450 lines are one class on purpose: opening, listing, reading, writing and packing share the
+store handle and the checks on hostile stores (`guards.py`), and a reader must see them together to
+trust that no path reads a chunk before its metadata was bounded.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Module hooks that capture the score matrix an indexer module feeds to its top-k.
 
+(About 450 lines: one `IndexerCapture` whose pre-hook, top-k recorder, post-hook and call counting share
+per-call state that must stay off the model's thread; splitting it would spread that invariant over
+files.)
+
 An indexer module (transformers' `DeepseekV32Indexer`, `GlmMoeDsaIndexer`, or any module a user names)
 computes a float32 score matrix [B, S, T] inside its forward and returns `topk(scores).indices`. The
 matrix itself is a local variable, so it is intercepted at the one place it is visible: the call to top-k.

@@ -37,9 +37,10 @@ The chunk's layout, the TP row window and the calling layer come from the callin
 into the graph). Ranks: by default tensor-parallel rank 0 captures replicated rows (every rank holds the
 same), and every rank captures its own row window when vLLM shards prefill rows across TP ranks.
 
-Extension point: a new intercepted call is one more `Site` in `SITES`: the attribute to wrap, where to find it, and a `read` function
-that turns a call's arguments and calling frame into a `Call` (or None: not one to capture). Wrapping,
-the rank and policy decisions, staging and the writer are shared (`VllmCapture.offer`).
+Extension point: a new intercepted call is one more `Site` in `vllm_sites.SITES`: the attribute to wrap,
+where to find it, and a `read` function that turns a call's arguments and calling frame into a `Call`
+(or None: not one to capture). Wrapping, the rank and policy decisions, staging and the writer are shared
+(`VllmCapture.offer`, here).
 
 Every way a vLLM process ends flushes the writer, with a bounded wait: forked workers and engine cores
 end in `os._exit` after multiprocessing's exit function, which runs `multiprocessing.util.Finalize`
@@ -60,7 +61,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib
 import logging
 import multiprocessing.util
 import os
@@ -68,15 +68,13 @@ import sys
 import threading
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import torch
 
-from logitreplay.capture import vllm_frames
 from logitreplay.capture.policy import Policy, PolicyState, parse_size
-from logitreplay.capture.vllm_frames import Layer
+from logitreplay.capture.vllm_sites import SITES, Call, Site
 from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
 
 log = logging.getLogger("logitreplay.capture")
@@ -89,45 +87,10 @@ ENV_EXIT_WAIT = "LOGITREPLAY_CAPTURE_EXIT_WAIT"
 ENV_MODEL = "LOGITREPLAY_CAPTURE_MODEL"
 ENV_REVISION = "LOGITREPLAY_CAPTURE_REVISION"
 AUTO = "auto"
-OP_NAME = "top_k_per_row_prefill"
-DECODE_OP = "top_k_per_row_decode"
-DECODE_FORWARD = "forward"  # of SparseIndexerTopk
 # vLLM's runs on dummy inputs (V1 and V2 model runners): their logits score an uninitialized cache.
 _WARMUP_FUNCTIONS = frozenset({"_dummy_run", "profile_run", "capture_model", "warmup_kernels"})
 _WARMUP_DEPTH = 400
-DEEP_SELECT = "deep_select_topk"
-_DEEP_SELECT_BINDERS = ("vllm.model_executor.kernels.attention.dsa.sparse_mqa_logits",
-                        "vllm.model_executor.kernels.attention.dsa.candidate_blocks")
 _active: VllmCapture | None = None
-
-
-@dataclass
-class Call:
-    """One intercepted top-k call, as a case will record it. Tensors stay on the model's device."""
-
-    matrix: torch.Tensor  # (rows, cols) view the kernel read
-    starts: torch.Tensor  # (rows,) row bounds in the matrix's columns
-    ends: torch.Tensor
-    reference: torch.Tensor  # (rows, top_k) indices the production kernel wrote
-    top_k: int
-    row_stride: int
-    layer: Layer
-    requests: int | None  # None: counted by the writer from key_offsets (or distinct starts)
-    key_offsets: torch.Tensor | None
-    attrs: dict[str, Any]
-    shard: dict[str, Any] | None = None  # TP row window: {"start", "stop", "sizes"}
-    row_window: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class Site:
-    """An intercepted call site: the attribute `name` wrapped on every object `targets()` returns, and
-    `read(args, kwargs, result, caller_frame)` turning one call into a `Call` (None: not captured)."""
-
-    name: str
-    targets: Callable[[], list[Any]]
-    read: Callable[[tuple[Any, ...], dict[str, Any], Any, FrameType | None], Call | None]
-    source: str  # recorded as the cases' `index_source`
 
 
 def register() -> None:
@@ -343,103 +306,6 @@ class _Wrapped:
         return result
 
 
-def _read_prefill(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
-                  frame: FrameType | None) -> Call | None:
-    """`top_k_per_row_prefill(logits, rowStarts, rowEnds, indices, numRows, stride0, stride1, topK)`,
-    positional as `sparse_attn_indexer` passes it."""
-    if len(args) != 8 or kwargs:
-        return None
-    logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k = args
-    rows, top_k = int(num_rows), int(top_k)
-    if int(stride1) != 1 or logits.stride(1) != 1 or logits.stride(0) != int(stride0):
-        raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
-                           f"stride0={stride0}, stride1={stride1}")
-    facts = vllm_frames.prefill_call(frame)
-    if facts is None:  # not called by sparse_attn_indexer: only the arguments are known
-        return Call(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k], top_k,
-                    int(stride0), vllm_frames.calling_layer(frame, None), None, None, {"chunk": {}})
-    ks = facts.key_offsets
-    attrs: dict[str, Any] = {**facts.layer.attrs(), "logits_kind": "mqa_logits", "chunk": facts.chunk_attrs(),
-                             "reference_source": f"indices written by vLLM {OP_NAME}"}
-    if facts.candidate:
-        attrs["candidate"] = facts.candidate
-    return Call(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k], top_k, int(stride0),
-                facts.layer, facts.num_reqs if facts.whole_chunk else None,
-                ks[:rows] if ks is not None and ks.shape[0] >= rows else None, attrs, facts.shard,
-                None if facts.shard is None else (facts.row_start, facts.row_end))
-
-
-def _read_deep_select(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
-                      frame: FrameType | None) -> Call | None:
-    """`deep_select_topk(input, topk, end=None, output_idx=None, indices_dtype=int32) -> indices`."""
-    facts = vllm_frames.selection_call(frame)
-    if facts is None or not args or not isinstance(result, torch.Tensor):
-        return None
-    logits = args[0]
-    top_k = int(args[1] if len(args) > 1 else kwargs["topk"])
-    end = args[2] if len(args) > 2 else kwargs.get("end")
-    rows, cols = (int(n) for n in logits.shape)
-    ends = end if end is not None else torch.full((rows,), cols, dtype=torch.int32, device=logits.device)
-    ks = facts.key_offsets
-    attrs = {**facts.layer.attrs(), "logits_kind": facts.kind, "chunk": facts.chunk, **facts.details,
-             "reference_source": f"indices written by vLLM {DEEP_SELECT} (DeepSelect)"}
-    if facts.kind == "sparse_mqa_logits":
-        attrs["sparse_logits"] = {"dtype": "bfloat16", "columns": "candidate tokens only: column j * "
-                                  "sparse_block_kv + o scores sparse block sparse_indices[row, j]"}
-    return Call(logits, torch.zeros_like(ends), ends, result[:rows, :top_k], top_k, int(logits.stride(0)),
-                facts.layer, facts.num_reqs, ks if ks is not None and ks.shape[0] == rows else None, attrs)
-
-
-def _read_decode(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
-                 frame: FrameType | None) -> Call | None:
-    """`SparseIndexerTopk.forward(self, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)`,
-    positional as `sparse_attn_indexer` calls it; the backend is the one `forward` resolved."""
-    if len(args) != 7 or kwargs:
-        return None
-    module, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len = args
-    backend = str(module.resolve_backend(logits, int(topk_tokens), int(logits.shape[0])))
-    return _decode_call(logits, seq_lens, int(next_n), topk_indices, int(topk_tokens), int(max_seq_len), backend,
-                        frame, f"SparseIndexerTopk ({backend})")
-
-
-def _read_decode_op(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
-                    frame: FrameType | None) -> Call | None:
-    """`top_k_per_row_decode(logits, next_n, seq_lens, indices, numRows, stride0, stride1, topK)`."""
-    if len(args) != 8 or kwargs:
-        return None
-    logits, next_n, seq_lens, indices, num_rows, stride0, stride1, top_k = args
-    if int(stride1) != 1 or logits.stride(1) != 1 or logits.stride(0) != int(stride0):
-        raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
-                           f"stride0={stride0}, stride1={stride1}")
-    rows = int(num_rows)
-    return _decode_call(logits[:rows], seq_lens, int(next_n), indices[:rows], int(top_k), None, "per_row", frame,
-                        DECODE_OP)
-
-
-def _decode_call(logits: torch.Tensor, seq_lens: torch.Tensor, next_n: int, indices: torch.Tensor, top_k: int,
-                 max_seq_len: int | None, backend: str, frame: FrameType | None, writer: str) -> Call | None:
-    """A decode call as a `Call`: row ends by `SparseIndexerTopk._row_ends` (device ops, no sync), the
-    facts the shapes tell, the layer from the frames."""
-    rows = int(logits.shape[0])
-    per_row = seq_lens.numel() == rows  # (batch, next_n) per-row lengths, or next_n == 1
-    if per_row:
-        ends = seq_lens.reshape(-1)
-    else:
-        offsets = torch.arange(next_n, dtype=seq_lens.dtype, device=seq_lens.device)
-        ends = (seq_lens.reshape(-1, 1) - next_n + 1 + offsets).clamp(min=0).reshape(-1)
-    f = vllm_frames.find_frame(frame, local="k_cache_prefix")
-    prefix = f.f_locals.get("k_cache_prefix") if f is not None else None
-    layer = vllm_frames.calling_layer(f.f_back if f is not None else frame,
-                                      prefix if isinstance(prefix, str) else None)
-    attrs: dict[str, Any] = {
-        **layer.attrs(), "logits_kind": "paged_mqa_logits", "chunk": {},
-        "kind": "decode", "decode": {"next_n": next_n, "per_row": per_row, "max_model_len": int(logits.shape[1]),
-                                     "max_seq_len": max_seq_len, "backend": backend, "speculative": next_n > 1},
-        "reference_source": f"indices written by vLLM {writer}"}
-    return Call(logits, torch.zeros_like(ends), ends, indices[:rows, :top_k], top_k, int(logits.stride(0)), layer,
-                rows // next_n, None, attrs)
-
-
 def _in_warmup(frame: FrameType | None) -> bool:
     """Whether a caller up the stack is one of vLLM's dummy runs (host frames only)."""
     for _ in range(_WARMUP_DEPTH):
@@ -449,39 +315,6 @@ def _in_warmup(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def _decode_targets() -> list[Any]:
-    try:
-        return [importlib.import_module("vllm.model_executor.layers.indexer_topk").SparseIndexerTopk]
-    except Exception as e:  # an older vLLM: the op site may still be there
-        log.debug("logitreplay capture: no SparseIndexerTopk: %s", e)
-        return []
-
-
-def _prefill_targets() -> list[Any]:
-    import vllm._custom_ops as ops
-
-    return [ops, torch.ops._C]
-
-
-def _deep_select_targets() -> list[Any]:
-    """The defining module (patched before its importers bind the name, they bind the wrapper) and the
-    importers already loaded."""
-    try:
-        defining = [importlib.import_module("vllm.model_executor.layers.indexer_topk")]
-    except Exception as e:  # an old vLLM, or a platform without it: the prefill site still works
-        log.debug("logitreplay capture: no %s: %s", DEEP_SELECT, e)
-        defining = []
-    return defining + [sys.modules[m] for m in _DEEP_SELECT_BINDERS if m in sys.modules]
-
-
-SITES: tuple[Site, ...] = (
-    Site(OP_NAME, _prefill_targets, _read_prefill, f"input of vLLM {OP_NAME}"),
-    Site(DEEP_SELECT, _deep_select_targets, _read_deep_select, f"input of vLLM {DEEP_SELECT}"),
-    Site(DECODE_FORWARD, _decode_targets, _read_decode, "input of vLLM SparseIndexerTopk.forward (decode)"),
-    Site(DECODE_OP, _prefill_targets, _read_decode_op, f"input of vLLM {DECODE_OP} (decode)"),
-)
 
 
 def _capturing_graph(logits: Any) -> bool:
@@ -518,4 +351,4 @@ def _model_facts() -> dict[str, Any]:
 
 
 __all__ = ["AUTO", "ENV_DIR", "ENV_EXIT_WAIT", "ENV_MODEL", "ENV_PENDING", "ENV_POLICY", "ENV_RANKS",
-           "ENV_REVISION", "SITES", "Call", "Site", "VllmCapture", "register"]
+           "ENV_REVISION", "VllmCapture", "register"]
