@@ -7,6 +7,7 @@ runs; no host sync on the model's thread."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,9 @@ def test_decode_capture_never_syncs_the_model_thread(device: str, tmp_path: Path
     layer, step = _one_step(device=device)
     capture = _capture(tmp_path)
     run(layer, step)  # the stand-in's first call (backend resolution, op lookup) outside the check
+    deadline = time.monotonic() + 60  # its case written before the check: sync debug mode is process-wide
+    while capture.writer is not None and capture.writer.summary()["captured"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     with held(capture.writer), no_host_sync(device):
         run(layer, step)
     summary = capture.close()
