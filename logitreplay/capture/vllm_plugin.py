@@ -42,6 +42,14 @@ where to find it, and a `read` function that turns a call's arguments and callin
 (or None: not one to capture). Wrapping, the rank and policy decisions, staging and the writer are shared
 (`VllmCapture.offer`, here).
 
+Every intercepted call is also counted, stored or not, refused by the policy or the ranks alike (layer,
+width = matrix.shape[1], rows = matrix.shape[0], dtype, prefill/decode: host metadata, no sync), per
+engine step: `vllm_steps` wraps the model runner's `execute_model` and times it; `close` writes the
+process's record (`archive/calls.py`) for `replay --per-forward`. The same rules as for staging apply
+(not under graph capture, not in dummy runs, once per call). Counting needs each call's layer, so the
+site's `read` now runs for every call, also after the policy is exhausted. A process whose ranks store
+nothing (the other TP ranks of replicated rows, which see rank 0's calls) writes no record.
+
 Every way a vLLM process ends flushes the writer, with a bounded wait: forked workers and engine cores
 end in `os._exit` after multiprocessing's exit function, which runs `multiprocessing.util.Finalize`
 callbacks (atexit does not run there); spawned and main processes run atexit. A process killed with
@@ -73,8 +81,10 @@ from typing import Any
 
 import torch
 
+from logitreplay.archive.calls import write_calls
 from logitreplay.capture.policy import Policy, PolicyState, parse_size
 from logitreplay.capture.vllm_sites import SITES, Call, Site
+from logitreplay.capture.vllm_steps import Steps
 from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
 
 log = logging.getLogger("logitreplay.capture")
@@ -136,6 +146,8 @@ class VllmCapture:
         self._sharded_cases = 0
         self._inside = threading.local()
         self._patched: list[tuple[Any, str, Any]] = []  # (target, attribute, original)
+        self.steps = Steps()
+        self._recorded = False
 
     def install(self, sites: tuple[Site, ...] | None = None) -> int:
         """Wrap each site's attribute on each of its targets that has it; returns how many were wrapped.
@@ -153,6 +165,7 @@ class VllmCapture:
                 self._patched.append((target, site.name, original))
         if not self._patched:
             raise RuntimeError(f"none of {', '.join(s.name for s in SITES)} found to wrap")
+        self.steps.install()  # the model runner's module is usually imported later: `offer` retries
         _active = self
         return len(self._patched)
 
@@ -167,15 +180,32 @@ class VllmCapture:
                 wrapper = getattr(target, site.name, None)
                 if isinstance(wrapper, _Wrapped) and wrapper._capture is self:
                     setattr(target, site.name, wrapper.__wrapped__)
+        self.steps.uninstall()
         if _active is self:
             _active = None
 
     def close(self, timeout: float | None = None) -> dict[str, Any] | None:
-        """Flush (waiting at most `timeout` s, default unbounded) and write this process's run summary.
-        Registered at this process's exit when its writer starts."""
-        if self.writer is None or self._pid != os.getpid():
+        """Flush (waiting at most `timeout` s, default unbounded), write this process's run summary and its
+        call record (`vllm_steps`). Registered at this process's exit when its writer starts."""
+        if self._pid != os.getpid():
             return None
-        return self.writer.close(timeout)
+        if self.writer is None and self.steps.counted and self.enabled and self._rank_wanted(False):
+            self._writer()  # nothing stored, yet the calls were seen: their record needs a writer id
+        if self.writer is None:
+            return None
+        summary = self.writer.close(timeout)
+        if self._recorded:
+            return summary
+        self._recorded = True
+        try:
+            record = self.steps.record(self.writer.prefix)
+            if record.forwards:
+                write_calls(self.writer.archive, record)
+            summary.update(forwards=len(record.forwards), calls=sum(f.n_calls for f in record.forwards))
+        except Exception as e:  # the cases are written; a lost call record must not hide them
+            self._fail(f"writing the call record: {type(e).__name__}: {e}")
+            summary["error"] = summary.get("error") or self.error
+        return summary
 
     def offer(self, site: Site, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
               frame: FrameType | None) -> None:
@@ -188,14 +218,19 @@ class VllmCapture:
                 self.enabled = False
                 return
             tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)  # a method's args[0] is self
-            if self.selection.exhausted() or _capturing_graph(tensor):
+            if _capturing_graph(tensor):
                 return
+            if not self.steps.complete:
+                self.steps.install()
             call = site.read(args, kwargs, result, frame)
-            if call is None or not self._rank_wanted(call.shard is not None):
+            if call is None or self.steps.in_dummy_step or (not self.steps.in_step and _in_warmup(frame)):
+                return  # a real step's calls are no dummy run's: no walk up the whole stack for them
+            rows, width = (int(n) for n in call.matrix.shape)
+            self.steps.count(call.layer.index, width, rows, str(call.matrix.dtype).removeprefix("torch."),
+                             str(call.attrs.get("kind", "prefill")))
+            if self.selection.exhausted() or not self._rank_wanted(call.shard is not None):
                 return
-            if not self.selection.wants(call.layer.index, int(call.matrix.shape[1])):
-                return
-            if _in_warmup(frame):  # only for wanted calls: it walks the whole stack
+            if not self.selection.wants(call.layer.index, width):
                 return
             writer = self._writer()
             attrs = {**self.provenance, **_model_facts(), **call.attrs, "index_source": site.source,
@@ -237,6 +272,8 @@ class VllmCapture:
         self.selection = PolicyState(self.policy)
         self._rank = None
         self._sharded_cases = 0
+        self.steps.reset()
+        self._recorded = False
 
     def _fail(self, message: str) -> None:
         self.enabled = False
