@@ -50,7 +50,7 @@ def _runner(module: str, device: str = "cpu") -> Any:
 
     layers = v41_model(LAYERS, kv_sources=tuple(range(LAYERS)), index_sources=tuple(range(LAYERS)),
                        candidate_source=-1, sparse_logits=False, ratio=RATIO, top_k=TOP_K, keys=64, device=device)
-    return importlib.import_module(module).GPUModelRunner(layers)
+    return importlib.import_module(module).GPUModelRunner(layers, device)
 
 
 def _scheduled(runner: Any, requests: list[tuple[int, int]], seed: int = 0) -> Any:

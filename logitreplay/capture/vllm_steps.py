@@ -135,7 +135,7 @@ class Steps:
             outer = self._depth == 0
             self._depth += 1
             if outer:
-                self._begin(bool(kwargs.get("dummy_run", False)))
+                self._begin(bool(kwargs.get("dummy_run", False)), getattr(runner, "device", None))
             try:
                 return original(runner, *args, **kwargs)
             finally:
@@ -146,7 +146,8 @@ class Steps:
         execute_model.__logitreplay_steps__ = self  # type: ignore[attr-defined]
         return execute_model
 
-    def _begin(self, dummy: bool) -> None:
+    def _begin(self, dummy: bool, device: Any) -> None:
+        """Start a step; CUDA events time it when the runner's device (`GPUModelRunner.device`) is CUDA."""
         self._dummy = dummy
         if dummy:
             return
@@ -154,8 +155,8 @@ class Steps:
             self._loose_ends(None)
             self._resolve()
             step = _Step()
-            if torch.cuda.is_available() and torch.cuda.is_initialized() \
-                    and not torch.cuda.is_current_stream_capturing():
+            on_cuda = isinstance(device, torch.device | str) and torch.device(device).type == "cuda"
+            if on_cuda and torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
                 start = torch.cuda.Event(enable_timing=True)
                 start.record()
                 step.events = (start, torch.cuda.Event(enable_timing=True))

@@ -24,8 +24,9 @@ EMPTY_MODEL_RUNNER_OUTPUT = object()
 
 
 class GPUModelRunner:
-    def __init__(self, layers: list[Any]) -> None:
+    def __init__(self, layers: list[Any], device: torch.device | str = "cpu") -> None:
         self.layers = layers
+        self.device = torch.device(device)  # as the real runner's `self.device`
         self.execute_model_state: Any = None
 
     def _model_forward(self, hidden_states, index_q, index_weights):

@@ -13,8 +13,9 @@ from vllm.v1.worker.gpu_model_runner import EMPTY_MODEL_RUNNER_OUTPUT
 
 
 class GPUModelRunner:
-    def __init__(self, layers: list[Any]) -> None:
+    def __init__(self, layers: list[Any], device: torch.device | str = "cpu") -> None:
         self.layers = layers
+        self.device = torch.device(device)  # as the real runner's `self.device`
         self.execute_model_state: Any = None
 
     def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
