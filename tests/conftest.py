@@ -1,9 +1,12 @@
-"""Shared test configuration: tests marked `gpu` run only where CUDA is available."""
+"""Shared test configuration: tests marked `gpu` run only where CUDA is available; the vLLM stand-in's
+fixtures (tests/vllm033/fixtures.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+pytest_plugins = ["tests.vllm033.fixtures"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

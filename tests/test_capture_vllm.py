@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from logitreplay.capture.vllm_plugin import VllmCapture
 from logitreplay.capture.writer import count_requests
 from logitreplay.cli import main
 from tests.test_capture_sync import DEVICES, held, no_host_sync
-from tests.vllm033.steps import Step, prefill_step, run, v41_model, vllm_on_path
+from tests.vllm033.steps import Step, prefill_step, run, v41_model
 
 TOP_K = 8
 RATIO = 4  # DeepSeek V4's C4A layers: columns are compressed positions
@@ -41,23 +40,7 @@ ONE = [(96, 16)]
 LAYER = "model.layers.0.self_attn.indexer"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def vllm033() -> Iterator[Any]:
-    with vllm_on_path() as vllm:
-        yield vllm
-
-
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    import vllm.distributed as dist
-
-    monkeypatch.setattr(dist, "_TP_RANK", 0)
-    monkeypatch.setattr(dist, "_TP_SIZE", 1)
-    monkeypatch.delenv(vllm_plugin.ENV_MODEL, raising=False)
-    vllm_plugin._model_facts.cache_clear()
-    yield
-    if vllm_plugin._active is not None:
-        vllm_plugin._active.uninstall()
+pytestmark = pytest.mark.usefixtures("vllm033", "fresh_plugin")
 
 
 def _layer(device: str = "cpu", keys: int = 64) -> Any:

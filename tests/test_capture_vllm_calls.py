@@ -5,7 +5,6 @@ it, and `replay --per-forward` on the capture."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +19,14 @@ from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
 from logitreplay.cli import main
 from tests.test_capture_sync import DEVICES, held, no_host_sync
-from tests.vllm033.steps import prefill_step, v41_model, vllm_on_path
+from tests.vllm033.steps import prefill_step, v41_model
 
 TOP_K, RATIO, LAYERS = 8, 4, 3
 FIRST, SECOND = [(120, 10), (48, 12)], [(96, 16)]  # 22 rows 30 wide, then 16 rows 24 wide
 RUNNERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def vllm033() -> Iterator[Any]:
-    with vllm_on_path() as vllm:
-        yield vllm
-
-
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    import vllm.distributed as dist
-
-    monkeypatch.setattr(dist, "_TP_RANK", 0)
-    monkeypatch.setattr(dist, "_TP_SIZE", 1)
-    monkeypatch.delenv(vllm_plugin.ENV_MODEL, raising=False)
-    yield
-    if vllm_plugin._active is not None:
-        vllm_plugin._active.uninstall()
+pytestmark = pytest.mark.usefixtures("vllm033", "fresh_plugin")
 
 
 def _runner(module: str, device: str = "cpu") -> Any:

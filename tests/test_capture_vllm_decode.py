@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,31 +21,13 @@ from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
 from logitreplay.cli import main
 from tests.test_capture_sync import DEVICES, held, no_host_sync
-from tests.vllm033.steps import Step, decode_step, run, v41_model, vllm_on_path
+from tests.vllm033.steps import Step, decode_step, run, v41_model
 
 LAYER = "model.layers.0.self_attn.indexer"
 MAX_MODEL_LEN = 640  # the decode logits' width (V4: the model's max_model_len // compress_ratio)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def vllm033() -> Iterator[Any]:
-    with vllm_on_path() as vllm:
-        yield vllm
-
-
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    import vllm.distributed as dist
-    from vllm.model_executor.layers import indexer_topk
-
-    monkeypatch.setattr(dist, "_TP_RANK", 0)
-    monkeypatch.setattr(dist, "_TP_SIZE", 1)
-    monkeypatch.delenv(vllm_plugin.ENV_MODEL, raising=False)
-    vllm_plugin._model_facts.cache_clear()
-    indexer_topk.get_indexer_topk.cache_clear()
-    yield
-    if vllm_plugin._active is not None:
-        vllm_plugin._active.uninstall()
+pytestmark = pytest.mark.usefixtures("vllm033", "fresh_plugin")
 
 
 def _layer(top_k: int, rows: int, keys: int, device: str = "cpu") -> Any:

@@ -5,7 +5,6 @@ runs on bf16 logits of the candidate tokens only."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,28 +14,17 @@ import torch
 from click.testing import CliRunner
 
 from logitreplay.archive import Archive, Case
-from logitreplay.capture import vllm_plugin
 from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
 from logitreplay.cli import main
-from tests.vllm033.steps import prefill_step, run, v41_model, vllm_on_path
+from tests.vllm033.steps import prefill_step, run, v41_model
 
 # DeepSelect's alignment: 32 candidate blocks of 16 give bf16 sparse rows of 512 columns (1024 B)
 RATIO, TOP_K, BLOCK, CANDIDATES, BLOCK_KV = 2, 8, 16, 32, 8
 REQUESTS = [(1100, 10), (700, 12)]  # compressed: 550 and 350 keys; request B's keys start at 550
 
 
-@pytest.fixture(scope="module", autouse=True)
-def vllm033() -> Iterator[Any]:
-    with vllm_on_path() as vllm:
-        yield vllm
-
-
-@pytest.fixture(autouse=True)
-def _uninstall() -> Iterator[None]:
-    yield
-    if vllm_plugin._active is not None:
-        vllm_plugin._active.uninstall()
+pytestmark = pytest.mark.usefixtures("vllm033", "fresh_plugin")
 
 
 def _model(sparse_logits: bool) -> list[Any]:
