@@ -29,25 +29,10 @@ from typing import Any
 
 from logitreplay.errors import DecisionError
 from logitreplay.replay.results import CaseResult, ReplayResult
-from logitreplay.selectors.auto import Boundary, DispatchRule, Interval, Overturn, Scope, position
+from logitreplay.selectors.auto import Boundary, Crossover, DispatchRule, Interval, Overturn, Scope, position
 
 # A selector within this factor of a case's fastest counts as as good as the fastest there.
 NEAR_BEST = 1.03
-
-
-@dataclass
-class Crossover:
-    """Between `lower_width` and `upper_width` columns (rows, for decode cases) the faster selector
-    changes from `below` to `above`; `width` is the interpolated crossing, `lower_cases` / `upper_cases`
-    the bounding cases."""
-
-    width: float
-    below: str
-    above: str
-    lower_width: int
-    upper_width: int
-    lower_cases: list[str]
-    upper_cases: list[str]
 
 
 @dataclass

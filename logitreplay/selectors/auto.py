@@ -52,10 +52,10 @@ class Interval:
 
 
 @dataclass
-class Boundary:
-    """Where the faster selector changes from `below` to `above`: interpolated at `width` (a position on
-    the scope's axis), measured at `lower_width` and `upper_width` (the cases there), each winner faster by its margin (the median over
-    the cases there of loser / winner)."""
+class Crossover:
+    """Between `lower_width` and `upper_width` (columns; rows for decode cases) the faster selector
+    changes from `below` to `above`; `width` is the interpolated crossing, `lower_cases` /
+    `upper_cases` the cases measured at the two bounding positions."""
 
     width: float
     below: str
@@ -64,6 +64,13 @@ class Boundary:
     upper_width: int
     lower_cases: list[str]
     upper_cases: list[str]
+
+
+@dataclass
+class Boundary(Crossover):
+    """A crossover of a fitted rule, with each winner's margin there (the median over the cases at its
+    bounding position of loser / winner)."""
+
     margin_below: float
     margin_above: float
 
@@ -181,5 +188,5 @@ def from_environment() -> AutoSelector:
     return AutoSelector(rule, {name: build(name) for name in rule.selectors})
 
 
-__all__ = ["RULE_ENV", "SCHEMA", "AutoSelector", "Boundary", "DispatchRule", "Interval", "Overturn", "Scope", "axis",
+__all__ = ["RULE_ENV", "SCHEMA", "AutoSelector", "Boundary", "Crossover", "DispatchRule", "Interval", "Overturn", "Scope", "axis",
            "from_environment", "position"]
