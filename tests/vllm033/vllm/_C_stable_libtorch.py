@@ -3,8 +3,9 @@ registers through STABLE_TORCH_LIBRARY_FRAGMENT(_C, ...)), backed by a torch ker
 
 import torch
 
-SCHEMA = ("top_k_per_row_prefill(Tensor logits, Tensor rowStarts, Tensor rowEnds, Tensor! indices, "
-          "int numRows, int stride0, int stride1, int topK) -> ()")
+from tests.vllm_schemas import SCHEMAS_C
+
+SCHEMA = SCHEMAS_C["top_k_per_row_prefill"]
 
 
 def top_k_per_row_prefill_kernel(logits, rowStarts, rowEnds, indices, numRows, stride0, stride1, topK):
@@ -31,14 +32,7 @@ if not hasattr(torch.ops._C, "top_k_per_row_prefill"):
 
 
 # The decode top-k ops (vllm/model_executor/layers/indexer_topk.py's backends), with 0.33's schemas.
-DECODE_SCHEMAS = {
-    "top_k_per_row_decode": "top_k_per_row_decode(Tensor logits, int next_n, Tensor seq_lens, Tensor! indices, "
-                            "int numRows, int stride0, int stride1, int topK) -> ()",
-    "persistent_topk": "persistent_topk(Tensor logits, Tensor lengths, Tensor! output, Tensor workspace, int k, "
-                       "int max_seq_len) -> ()",
-    "cooperative_topk": "cooperative_topk(Tensor logits, Tensor lengths, Tensor! output, Tensor workspace, int k, "
-                        "int max_seq_len) -> ()",
-}
+DECODE_SCHEMAS = {name: SCHEMAS_C[name] for name in ("top_k_per_row_decode", "persistent_topk", "cooperative_topk")}
 
 
 def _decode_rows(logits, row_ends, out, k):
