@@ -60,6 +60,14 @@ class Site:
     source: str  # recorded as the cases' `index_source`
 
 
+def _check_strides(logits: torch.Tensor, stride0: Any, stride1: Any) -> None:
+    """The op reads rows through (stride0, stride1): they must be the view's own, so the case records the
+    layout the kernel really read."""
+    if int(stride1) != 1 or logits.stride(1) != 1 or logits.stride(0) != int(stride0):
+        raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
+                           f"stride0={stride0}, stride1={stride1}")
+
+
 def _read_prefill(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
                   frame: FrameType | None) -> Call | None:
     """`top_k_per_row_prefill(logits, rowStarts, rowEnds, indices, numRows, stride0, stride1, topK)`,
@@ -68,9 +76,7 @@ def _read_prefill(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
         return None
     logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k = args
     rows, top_k = int(num_rows), int(top_k)
-    if int(stride1) != 1 or logits.stride(1) != 1 or logits.stride(0) != int(stride0):
-        raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
-                           f"stride0={stride0}, stride1={stride1}")
+    _check_strides(logits, stride0, stride1)
     facts = vllm_frames.prefill_call(frame)
     if facts is None:  # not called by sparse_attn_indexer: only the arguments are known
         return Call(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k], top_k,
@@ -125,9 +131,7 @@ def _read_decode_op(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
     if len(args) != 8 or kwargs:
         return None
     logits, next_n, seq_lens, indices, num_rows, stride0, stride1, top_k = args
-    if int(stride1) != 1 or logits.stride(1) != 1 or logits.stride(0) != int(stride0):
-        raise RuntimeError(f"logits {tuple(logits.shape)} strides {logits.stride()} do not match "
-                           f"stride0={stride0}, stride1={stride1}")
+    _check_strides(logits, stride0, stride1)
     rows = int(num_rows)
     return _decode_call(logits[:rows], seq_lens, int(next_n), indices[:rows], int(top_k), None, "per_row", frame,
                         DECODE_OP)
