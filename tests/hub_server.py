@@ -345,3 +345,18 @@ def _handler(hub: LoopbackHub) -> type[BaseHTTPRequestHandler]:
                         "success": True})
 
     return Handler
+
+
+def point_client_at(hub: LoopbackHub, monkeypatch: Any, tmp_path: Path) -> None:
+    """The Hub client reads its endpoint and token file once at import: point them at `hub`, with no
+    token of the user's and a cache of this test's own."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "client-cache"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.delenv("HF_XET_CACHE", raising=False)  # `pull` points it into its target

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hub_server import LoopbackHub
+from hub_server import LoopbackHub, point_client_at
 from huggingface_hub import DatasetCard, constants
 
 from logitreplay.archive import Archive, Case
@@ -45,14 +45,7 @@ def staged(suite_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> hub
 def loopback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LoopbackHub]:
     """The client reads its endpoint and token file once at import; point them at this test's server."""
     with LoopbackHub(tokens={GOOD}) as h:
-        monkeypatch.setattr(constants, "ENDPOINT", h.endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            h.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "client-cache"))
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-        monkeypatch.delenv("HF_XET_CACHE", raising=False)  # `pull` points it into its target
+        point_client_at(h, monkeypatch, tmp_path)
         yield h
 
 

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from huggingface_hub import constants
 
 from logitreplay.archive import Archive
 from logitreplay.cli import main
 from logitreplay.datasets import synth
 from logitreplay.datasets.hub import SOURCE_FILE
-from tests.hub_server import LoopbackHub
+from tests.hub_server import LoopbackHub, point_client_at
 from tests.plugins import plugin_case
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,13 +50,7 @@ def test_overwrite_and_remove_never_follow_a_symlink(tmp_path: Path) -> None:
 @pytest.fixture
 def loopback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LoopbackHub]:
     with LoopbackHub() as h:
-        monkeypatch.setattr(constants, "ENDPOINT", h.endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            h.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "client-cache"))
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.delenv("HF_XET_CACHE", raising=False)
+        point_client_at(h, monkeypatch, tmp_path)
         yield h
 
 
