@@ -27,7 +27,7 @@ from logitreplay.replay.sources import describe_source
 from logitreplay.selectors.base import Launch
 from logitreplay.selectors.registry import build
 
-SELECTORS = ("reference", "native", "deepselect")
+SELECTORS = ("reference", "native", "deepselect", "split")
 ONCE = TimingProtocol(warmup=0, rounds=1, samples_per_round=1, l2="warm", timer="wall", graphs=False)
 WIDE = 163840
 

@@ -16,7 +16,7 @@ from logitreplay.replay.protocol import TimingProtocol
 from logitreplay.selectors import cpu_models as models
 from logitreplay.selectors.registry import build
 
-SELECTORS = ("reference", "native", "deepselect")
+SELECTORS = ("reference", "native", "deepselect", "split")
 ONCE = TimingProtocol(warmup=0, rounds=1, samples_per_round=1, l2="warm", timer="wall", graphs=False)
 
 

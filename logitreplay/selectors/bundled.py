@@ -1,4 +1,4 @@
-"""The built-in `native` and `deepselect` selectors: one name, the right implementation per device.
+"""The built-in `native`, `deepselect` and `split` selectors: one name, the right implementation per device.
 
 On CPU they run the algorithm models of `cpu_models.py` (so replay works on any machine and reports the
 work each algorithm does); on CUDA they delegate to the bundled kernels of `selectors/cuda/`. The kernel
@@ -68,6 +68,11 @@ class Dispatched:
 def native() -> Dispatched:
     """vLLM's prefill histogram radix-select: CPU model or bundled CUDA kernel."""
     return Dispatched("native", cpu_models.native_topk, "NativeCuda")
+
+
+def split() -> Dispatched:
+    """The split-row radix select, the bundled decode path: CPU model or bundled CUDA kernel."""
+    return Dispatched("split", cpu_models.split_topk, "SplitCuda")
 
 
 def deepselect() -> Dispatched:

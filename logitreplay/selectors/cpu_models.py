@@ -1,4 +1,4 @@
-"""Vectorized CPU models of the two bundled selection algorithms, with work counters.
+"""Vectorized CPU models of the three bundled selection algorithms, with work counters.
 
 These are not fast top-k implementations: they replay, row-batched in torch, the decisions each GPU
 algorithm makes, so that on a machine without a GPU a user can still see *why* a selector will be slow
@@ -16,8 +16,11 @@ most `_CHUNK_CELLS` cells; within a chunk every step is a whole-tensor operation
   `DEEPSELECT_BLOCK` elements are visited in a fixed pseudo-random order; elements > T are appended to a
   candidate buffer; when the buffer reaches k + `DEEPSELECT_SLACK` it is cut back to its k largest and T
   becomes the k-th value. A final select of the buffer gives the result. Every element is read once.
+- `split_topk`: the split kernel's digit-by-digit radix select (fp32 keys 11, 11 and 10 bits; bf16 11
+  and 5), each row stopping once its threshold digit's bucket is taken whole; its work also says how many
+  blocks the kernel's plan cuts each row into (`split_plan`, for an H200's grid).
 
-Both compare values through order-preserving integer keys, as the kernels do, so ties and signed zeros
+All compare values through order-preserving integer keys, as the kernels do, so ties and signed zeros
 behave like the kernels' bit patterns.
 """
 
@@ -34,6 +37,9 @@ from logitreplay.archive import Case
 NATIVE_BINS = 2048
 NATIVE_FINAL_ITEMS = 2048
 _NATIVE_PASSES = 4  # one fp16 pass, then fp32 bits 31-21, 20-10, 9-0
+# The split kernel's plan on an H200 (132 SMs, 2 blocks each) and its smallest chunk.
+SPLIT_GRID = 264
+SPLIT_MIN_CHUNK = 4096
 DEEPSELECT_BLOCK = 512
 DEEPSELECT_SLACK = 1024
 _CHUNK_CELLS = 1 << 22
@@ -58,6 +64,15 @@ class DeepSelectWork:
 
     compactions: np.ndarray
     appended: np.ndarray
+
+
+@dataclass
+class SplitWork:
+    """Per-row work of the split model: the digit `rounds` (1-3 for fp32, 1-2 for bf16; 0 when the row
+    had <= k elements and was copied whole) and the blocks (`parts`) the row was cut into."""
+
+    rounds: np.ndarray
+    parts: np.ndarray
 
 
 def f32_key(x: torch.Tensor) -> torch.Tensor:
@@ -125,18 +140,36 @@ def native_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.
     return out, NativeWork(passes, final)
 
 
-def _native_bins(x: torch.Tensor, key: torch.Tensor, step: int) -> tuple[torch.Tensor, int]:
-    if step == 0:
-        return f16_bin(x), NATIVE_BINS
-    if step == 1:
-        return (key >> 21) + 1024, NATIVE_BINS  # bits 31-21 of the uint32 key
-    if step == 2:
-        return (key >> 10) & 0x7FF, NATIVE_BINS
-    return key & 0x3FF, 1024
+def _digit(shift: int, bits: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]:
+    """A digit of the uint32 key (bits shift .. shift + bits - 1) as a bin in [0, 2^bits)."""
+
+    def bins(x: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return ((key.to(torch.int64) + 2**31) >> shift) & ((1 << bits) - 1), 1 << bits
+
+    return bins
+
+
+# native: the fp16 pass, then fp32 bits 31-21, 20-10 and 9-0.
+_NATIVE_STEPS = [lambda x, key: (f16_bin(x), NATIVE_BINS), _digit(21, 11), _digit(10, 11), _digit(0, 10)]
+# split: fp32 keys digit by digit (11, 11, 10 bits); bf16 values carry 16 bits (11, then 5).
+_SPLIT_STEPS = {torch.float32: [_digit(21, 11), _digit(10, 11), _digit(0, 10)],
+                torch.bfloat16: [_digit(21, 11), _digit(16, 5)]}
 
 
 def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
                   top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _radix_chunk(x, starts, ends, top_k, _NATIVE_STEPS,
+                        lambda in_bin, remaining: in_bin <= NATIVE_FINAL_ITEMS)
+
+
+def _radix_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int,
+                 steps: list[Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]],
+                 finished: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A histogram radix select over `steps` (each bins the candidates still in play): after each step
+    the elements above the threshold bin are emitted, and a row stops once `finished(in_bin, remaining)`
+    holds for its threshold bin (or after the last step, when the bin holds only exact ties). Returns
+    the indices, the steps each row took, and its last threshold bin's size."""
     n, cols = x.shape
     key = f32_key(x)
     valid = _valid_mask(starts, ends, cols)
@@ -148,10 +181,10 @@ def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
     remaining = need.clone()
     passes = torch.zeros(n, dtype=torch.int64)
     final = torch.zeros(n, dtype=torch.int64)
-    for step in range(_NATIVE_PASSES):
+    for step, bins in enumerate(steps):
         if not bool(active.any()):
             break
-        b, nbins = _native_bins(x, key, step)
+        b, nbins = bins(x, key)
         slot = torch.where(cand & active.unsqueeze(1), b, nbins).to(torch.int64)  # bin nbins: the rest
         hist = torch.zeros((n, nbins + 1), dtype=torch.int64).scatter_add_(1, slot, torch.ones_like(slot))
         hist = hist[:, :nbins]
@@ -165,13 +198,37 @@ def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
         cand = torch.where(a, cand & (b == t.unsqueeze(1)), cand)
         remaining = torch.where(active, remaining - above.squeeze(1), remaining)
         passes = torch.where(active, step + 1, passes)
-        done = active & ((in_bin <= NATIVE_FINAL_ITEMS) | (step == _NATIVE_PASSES - 1))
+        done = active & (finished(in_bin, remaining) | (step == len(steps) - 1))
         final = torch.where(done, in_bin, final)
         active &= ~done
     # Bins are ordered like values, so every emitted element outranks the threshold bin, whose finishing
     # sort takes the `remaining` largest: one top-k over emitted and threshold-bin keys is that result.
     score = torch.where(emitted | cand, key, _NO_KEY)
     return _with_tails(_top_positions(score, top_k) - starts.unsqueeze(1), need), passes, final
+
+
+def split_plan(lengths: np.ndarray, top_k: int, grid: int = SPLIT_GRID) -> tuple[int, np.ndarray]:
+    """The split kernel's plan: the chunk (valid elements of all rows over the grid, at least
+    `SPLIT_MIN_CHUNK`, a multiple of 16) and the blocks each row is cut into."""
+    lengths = np.clip(lengths.astype(np.int64), 0, None)
+    chunk = -(-int(lengths.sum()) // grid)
+    chunk = max(SPLIT_MIN_CHUNK, -(-chunk // 16) * 16)
+    parts = np.where((lengths > top_k) & (lengths > chunk), -(-lengths // chunk), 1)
+    return chunk, parts
+
+
+def split_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+               top_k: int) -> tuple[torch.Tensor, SplitWork]:
+    """Run the split model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
+    steps = _SPLIT_STEPS[torch.bfloat16 if logits.dtype == torch.bfloat16 else torch.float32]
+
+    def chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+              k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _radix_chunk(x, starts, ends, k, steps, lambda in_bin, remaining: in_bin == remaining)
+
+    out, rounds, _ = _chunked(chunk, logits, row_starts, row_ends, top_k)
+    _, parts = split_plan((row_ends - row_starts).numpy(), top_k)
+    return out, SplitWork(rounds, parts)
 
 
 def block_order(blocks: int) -> torch.Tensor:
@@ -233,11 +290,12 @@ def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
 def case_work(case: Case) -> dict[str, float]:
     """The models' work counters on one case, summarised over its rows (what `inspect --work` shows):
     native's histogram passes (mean, max) and finishing-sort size, DeepSelect's compactions (mean, max)
-    and candidates appended per row."""
+    and candidates appended per row, split's digit rounds (mean, max) and blocks per row (mean, max)."""
     logits = case.padded()
     starts, ends = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
     _, nw = native_topk(logits, starts, ends, case.top_k)
     _, dw = deepselect_topk(logits, starts, ends, case.top_k)
+    _, sw = split_topk(logits, starts, ends, case.top_k)
 
     def mean(a: np.ndarray) -> float:
         return float(a.mean()) if a.size else 0.0
@@ -252,4 +310,8 @@ def case_work(case: Case) -> dict[str, float]:
         "deepselect_compactions_mean": mean(dw.compactions),
         "deepselect_compactions_max": peak(dw.compactions),
         "deepselect_appended_mean": mean(dw.appended),
+        "split_rounds_mean": mean(sw.rounds),
+        "split_rounds_max": peak(sw.rounds),
+        "split_parts_mean": mean(sw.parts),
+        "split_parts_max": peak(sw.parts),
     }

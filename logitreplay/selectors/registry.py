@@ -30,6 +30,7 @@ BUILTINS: dict[str, str] = {
     "reference": "logitreplay.selectors.reference:ReferenceSelector",
     "native": "logitreplay.selectors.bundled:native",
     "deepselect": "logitreplay.selectors.bundled:deepselect",
+    "split": "logitreplay.selectors.bundled:split",
     "auto": "logitreplay.selectors.auto:from_environment",  # dispatches by a measured rule (--rule)
 }
 

@@ -14,13 +14,13 @@ from logitreplay.archive import Case
 from logitreplay.datasets import synth
 from logitreplay.replay.verify import Failure
 from logitreplay.selectors.cuda import build
-from logitreplay.selectors.cuda.kernels import DeepSelectCuda, KernelError, NativeCuda
+from logitreplay.selectors.cuda.kernels import DeepSelectCuda, KernelError, NativeCuda, SplitCuda
 from tests.gpu.kernel_checks import verify_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 DEVICE = torch.device("cuda")
-SELECTORS = {"native": NativeCuda, "deepselect": DeepSelectCuda}
+SELECTORS = {"native": NativeCuda, "deepselect": DeepSelectCuda, "split": SplitCuda}
 KERNELS = [k for k in SELECTORS if k in build.kernel_names()]
 RECIPES = synth.recipes("stress", "full") + synth.recipes("seed-controls", "small")
 

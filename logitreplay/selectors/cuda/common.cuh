@@ -5,6 +5,7 @@
 // identically in both.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -57,6 +58,16 @@ __device__ __forceinline__ uint32_t half_bin11(float x) {
   const uint16_t b = __half_as_ushort(__float2half_rn(x));
   const uint16_t k = (b & 0x8000u) ? static_cast<uint16_t>(~b) : static_cast<uint16_t>(b | 0x8000u);
   return k >> 5;
+}
+
+// Reserve `g.size()` consecutive slots of `counter` (shared or global memory) for the threads calling
+// together; returns this thread's slot. One atomic per coalesced group instead of one per thread, which
+// is what keeps many equal keys (ties, concentrated rows) from serializing on one address.
+__device__ __forceinline__ uint32_t claim(uint32_t* counter) {
+  const cooperative_groups::coalesced_group g = cooperative_groups::coalesced_threads();
+  uint32_t base = 0;
+  if (g.thread_rank() == 0) base = atomicAdd(counter, g.size());
+  return g.shfl(base, 0) + g.thread_rank();
 }
 
 // ---------------------------------------------------------------------------------- status reporting

@@ -28,16 +28,12 @@
 // is also why bulk (TMA) copies into shared memory were not pursued.
 //
 // Entry points, workspace and status: see topk_api.h.
-#include <cooperative_groups.h>
-
 #include <atomic>
 
 #include "common.cuh"
 #include "topk_api.h"
 
 namespace {
-
-namespace cg = cooperative_groups;
 
 // ------------------------------------------------------------------------------------------ tunables
 // Chosen per (dtype, top_k class) from bench/deepselect_tune.py on an H200 (results in bench/RESULTS.md).
@@ -125,22 +121,13 @@ struct DeepSelect {
     lr::SelectScratch<kThreads> sel;
   };
 
-  // Reserve `g.size()` consecutive slots of `counter` for the threads calling together; returns this
-  // thread's slot. One atomic per group instead of one per thread.
-  __device__ __forceinline__ static uint32_t claim(uint32_t* counter) {
-    const cg::coalesced_group g = cg::coalesced_threads();
-    uint32_t base = 0;
-    if (g.thread_rank() == 0) base = atomicAdd(counter, g.size());
-    return g.shfl(base, 0) + g.thread_rank();
-  }
-
   // Cut candidates [0, n) back to the top_k largest (in place, via kept_*); returns the new threshold.
   __device__ static float compact(Smem& s, int n, int top_k) {
     __syncthreads();  // the last round's appends are visible
     const lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, top_k, s.sel);
     if (threadIdx.x == 0) s.sel.emitted = 0;  // published by the apply's first barrier
     lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel, [&](int i) {
-      const uint32_t slot = claim(&s.sel.emitted);
+      const uint32_t slot = lr::claim(&s.sel.emitted);
       s.kept_keys[slot] = s.keys[i];
       s.kept_idx[slot] = s.idx[i];
     });
@@ -296,7 +283,7 @@ struct DeepSelect {
     const lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, top_k, s.sel);
     if (tid == 0) s.sel.emitted = 0;
     lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel,
-                                    [&](int i) { out_row[claim(&s.sel.emitted)] = s.idx[i]; });
+                                    [&](int i) { out_row[lr::claim(&s.sel.emitted)] = s.idx[i]; });
     if (__syncthreads_or(nan) && tid == 0) lr::report_nan(status);
   }
 };

@@ -1,6 +1,7 @@
-"""The bundled CUDA kernels as selectors: `native` (histogram radix-select) and `deepselect`.
+"""The bundled CUDA kernels as selectors: `native` (histogram radix-select), `deepselect` and `split`
+(rows split over many blocks, for decode).
 
-Both implement the C interface of `topk_api.h`, bound once in abi.py, so one selector class serves both;
+All implement the C interface of `topk_api.h`, bound once in abi.py, so one selector class serves all;
 they differ only in the library they load. `prepare` does every check and allocation (workspace, status
 header) up front; the launch it returns only passes raw pointers and the current stream to the library,
 so it never allocates or syncs and can be captured in a CUDA graph, which stays valid when the bounds
@@ -71,8 +72,9 @@ class CudaKernel:
         rows, cols = logits.shape
         dtype = _DTYPE_CODE[logits.dtype]
         nbytes = int(fns["workspace_bytes"](rows, cols, top_k, dtype))
-        # Zeroed here once: the status header the kernels OR flags into. The caching allocator hands out
-        # 512-byte aligned blocks, which covers the 256 bytes topk_api.h asks for.
+        # Zeroed here once, whole: the status header the kernels OR flags into, and any state a family
+        # needs zeroed (split's counters, which every launch leaves zeroed again). The caching allocator
+        # hands out 512-byte aligned blocks, which covers the 256 bytes topk_api.h asks for.
         workspace = torch.zeros(max(nbytes, abi.STATUS_BYTES), dtype=torch.uint8, device=logits.device)
         args = abi.typed("topk", logits.data_ptr(), dtype, logits.stride(0), row_starts.data_ptr(),
                          row_ends.data_ptr(), rows, top_k, out.data_ptr(), out.stride(0), workspace.data_ptr(),
@@ -113,3 +115,9 @@ class DeepSelectCuda(CudaKernel):
     """DeepSeek's DeepSelect single-pass rising-threshold select, as our own kernel (`deepselect.cu`)."""
 
     name = "deepselect"
+
+
+class SplitCuda(CudaKernel):
+    """A radix select with rows split over many blocks (`split.cu`), the bundled decode path."""
+
+    name = "split"

@@ -16,9 +16,10 @@
 //     the host), so one launch captured in a CUDA graph stays valid when the bounds change in place.
 //   - top_k: 1 .. lr_<family>_max_top_k(dtype); out: device pointer to int32, row r at r * out_stride.
 //   - workspace: device memory of at least lr_<family>_workspace_bytes(...) bytes, 256-byte aligned,
-//     starting with an LrStatus header that the caller zeroes once (e.g. when allocating); kernels only
-//     OR flags into it (LR_STATUS_NAN: some row held a NaN inside its bounds; the output of such a row is
-//     then unspecified but still in range). Reading it is the caller's business (after a synchronize),
+//     that the caller zeroes once, whole (e.g. when allocating): a family may keep state there that must
+//     start at zero (split's cross-block counters), and every launch leaves that state zeroed again.
+//     It starts with an LrStatus header; kernels only OR flags into it (LR_STATUS_NAN: some row held a
+//     NaN inside its bounds; the output of such a row is then unspecified but still in range). Reading it is the caller's business (after a synchronize),
 //     so the launch itself never syncs.
 //   - stream: the CUDA stream to launch on (the caller's current stream).
 //   Nothing is allocated, cells outside a row's bounds are never read, and nothing outside
@@ -27,7 +28,8 @@
 //   launch error, if any, is returned. A returned error means nothing was launched or the launch failed.
 //
 // long long lr_<family>_workspace_bytes(rows, cols, top_k, dtype)
-//   The workspace the topk entry point needs for these sizes (at least sizeof(LrStatus)).
+//   The workspace the topk entry point needs for these sizes on the current device (at least
+//   sizeof(LrStatus)).
 //
 // int lr_<family>_max_top_k(dtype)
 //   The largest top_k the family selects for `dtype` (a larger one is refused with LR_EINVAL).
@@ -65,3 +67,4 @@ static_assert(sizeof(LrStatus) == 256, "the status header is 256 bytes");
 
 LR_TOPK_ENTRY_POINTS(native);
 LR_TOPK_ENTRY_POINTS(deepselect);
+LR_TOPK_ENTRY_POINTS(split);
