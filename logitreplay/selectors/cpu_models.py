@@ -37,9 +37,12 @@ from logitreplay.archive import Case
 NATIVE_BINS = 2048
 NATIVE_FINAL_ITEMS = 2048
 _NATIVE_PASSES = 4  # one fp16 pass, then fp32 bits 31-21, 20-10, 9-0
-# The split kernel's plan on an H200 (132 SMs, 2 blocks each) and its smallest chunk.
+# The split kernel's plan (split.cu) on an H200: its grid (132 SMs, 2 blocks each), smallest chunk, key
+# cache and the most rows it splits.
 SPLIT_GRID = 264
 SPLIT_MIN_CHUNK = 4096
+SPLIT_CACHE_BYTES = 64 << 10
+SPLIT_ROWS = 1024
 DEEPSELECT_BLOCK = 512
 DEEPSELECT_SLACK = 1024
 _CHUNK_CELLS = 1 << 22
@@ -207,14 +210,16 @@ def _radix_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_
     return _with_tails(_top_positions(score, top_k) - starts.unsqueeze(1), need), passes, final
 
 
-def split_plan(lengths: np.ndarray, top_k: int, grid: int = SPLIT_GRID) -> tuple[int, np.ndarray]:
-    """The split kernel's plan: the chunk (valid elements of all rows over the grid, at least
-    `SPLIT_MIN_CHUNK`, a multiple of 16) and the blocks each row is cut into."""
+def split_plan(lengths: np.ndarray, top_k: int, key_bytes: int = 4, grid: int = SPLIT_GRID) -> np.ndarray:
+    """The blocks the split kernel's plan cuts each row into: up to `SPLIT_ROWS` rows, the valid elements
+    of all rows over the grid left to them (at least half of it), clamped between `SPLIT_MIN_CHUNK` and
+    the keys its shared-memory cache holds (`SPLIT_CACHE_BYTES` / `key_bytes`); more rows stay whole."""
     lengths = np.clip(lengths.astype(np.int64), 0, None)
-    chunk = -(-int(lengths.sum()) // grid)
-    chunk = max(SPLIT_MIN_CHUNK, -(-chunk // 16) * 16)
-    parts = np.where((lengths > top_k) & (lengths > chunk), -(-lengths // chunk), 1)
-    return chunk, parts
+    if lengths.size > SPLIT_ROWS:
+        return np.ones_like(lengths)
+    share = max(grid - lengths.size, grid // 2)
+    chunk = min(max(-(-int(lengths.sum()) // share), SPLIT_MIN_CHUNK), SPLIT_CACHE_BYTES // key_bytes)
+    return np.where((lengths > top_k) & (lengths > chunk), np.minimum(-(-lengths // chunk), grid), 1)
 
 
 def split_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
@@ -227,7 +232,7 @@ def split_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.T
         return _radix_chunk(x, starts, ends, k, steps, lambda in_bin, remaining: in_bin == remaining)
 
     out, rounds, _ = _chunked(chunk, logits, row_starts, row_ends, top_k)
-    _, parts = split_plan((row_ends - row_starts).numpy(), top_k)
+    parts = split_plan((row_ends - row_starts).numpy(), top_k, 2 if logits.dtype == torch.bfloat16 else 4)
     return out, SplitWork(rounds, parts)
 
 

@@ -114,3 +114,19 @@ def test_nan_inside_a_row_is_reported(length: int, pos: int, nan: float) -> None
     assert launch.nan_seen()
     valid = out[:, : min(top_k, length)]
     assert int(valid.min()) >= 0 and int(valid.max()) < length
+
+
+@pytest.mark.parametrize("dist", ["plus100", "times1e-8", "few-values"])
+@pytest.mark.parametrize("top_k", [512, 2048])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_concentrated_values_over_many_compactions(dist: str, top_k: int, bf16: bool) -> None:
+    """Values packed into one first-digit bucket (normal + 100, normal * 1e-8) or onto a handful of
+    distinct values: compactions must resolve the later digits, and cut ties, again and again."""
+    rng = np.random.default_rng(top_k + 3 * bf16)
+    rows, cols = 12, 163840
+    starts = rng.integers(0, 9, rows)
+    ends = np.minimum(starts + rng.integers(top_k + 1, cols - 8, rows), cols)
+    x = rng.standard_normal(int((ends - starts).sum())).astype(np.float32)
+    values = {"plus100": x + 100, "times1e-8": x * 1e-8, "few-values": np.round(x * 2) / 2}[dist]
+    case = _rows(f"{dist}-k{top_k}", values, starts, ends, top_k, cols, stride=cols + 5, bf16=bf16)
+    assert _verify(case) == []

@@ -43,13 +43,15 @@ def test_one_full_row_split_over_every_block(dist: str, bf16: bool) -> None:
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_many_long_rows_take_several_items_longer_than_the_cache(bf16: bool) -> None:
-    """600 rows of up to 128K: the chunk (valid elements over the grid) passes the 16384 cached keys, so
-    items re-read their tail, and blocks take items of several rows in turn."""
+@pytest.mark.parametrize("rows, longest", [(600, 131072), (1200, 60000)])
+def test_many_long_rows(rows: int, longest: int, bf16: bool) -> None:
+    """600 rows of up to 128K are split into more items than the grid has blocks, so blocks take items
+    of several rows in turn; past 1024 rows every row is one item, longer than the shared-memory key
+    cache, whose rest is re-read."""
     rng = np.random.default_rng(5)
-    lengths = rng.integers(1000, 131072, size=600)
+    lengths = rng.integers(1000, longest, size=rows)
     lengths[::17] = rng.integers(0, 600, size=lengths[::17].shape[0])  # some rows shorter than k
-    assert verify_kernel(SplitCuda(), _decode_like(600, lengths, "normal", bf16, 512)) == []
+    assert verify_kernel(SplitCuda(), _decode_like(rows, lengths, "normal", bf16, 512)) == []
 
 
 def test_launch_after_launch_on_one_workspace() -> None:

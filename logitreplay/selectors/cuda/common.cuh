@@ -87,9 +87,11 @@ __device__ __forceinline__ void write_tail(int* out_row, int from, int top_k) {
 // ------------------------------------------------------------------------------------- row traversal
 
 // Calls f(float x, int i) for every element i in [0, len) of `row` (any alignment), spread over the
-// block's THREADS threads, with 16-byte vector loads for the aligned body. Rows start at arbitrary
-// columns (multi-request chunks), so a scalar head reaches the first 16-byte boundary.
-template <int THREADS, typename T, typename F>
+// block's THREADS threads, with 16-byte vector loads for the aligned body, UNROLL of them issued before
+// any is used (more loads in flight for kernels that, like split, read a row once and are bound by load
+// latency). Rows start at arbitrary columns (multi-request chunks), so a scalar head reaches the first
+// 16-byte boundary.
+template <int THREADS, int UNROLL = 1, typename T, typename F>
 __device__ __forceinline__ void for_each_in_row(const T* __restrict__ row, int len, F&& f) {
   constexpr int kVec = 16 / sizeof(T);
   const int tid = threadIdx.x;
@@ -98,11 +100,21 @@ __device__ __forceinline__ void for_each_in_row(const T* __restrict__ row, int l
   if (tid < head) f(to_f32(row[tid]), tid);
   const int nvec = (len - head) / kVec;
   const uint4* body = reinterpret_cast<const uint4*>(row + head);
-  for (int v = tid; v < nvec; v += THREADS) {
-    const uint4 w = __ldg(body + v);
-    const T* e = reinterpret_cast<const T*>(&w);
+  for (int v0 = tid; v0 < nvec; v0 += THREADS * UNROLL) {
+    uint4 w[UNROLL];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) f(to_f32(e[j]), head + v * kVec + j);
+    for (int u = 0; u < UNROLL; ++u) {
+      const int v = v0 + u * THREADS;
+      w[u] = v < nvec ? __ldg(body + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int v = v0 + u * THREADS;
+      if (v >= nvec) break;
+      const T* e = reinterpret_cast<const T*>(&w[u]);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) f(to_f32(e[j]), head + v * kVec + j);
+    }
   }
   for (int i = head + nvec * kVec + tid; i < len; i += THREADS) f(to_f32(row[i]), i);
 }

@@ -6,31 +6,33 @@
 // decode kernels (vLLM's persistent_topk and cooperative_topk) split a row over many blocks. So does this
 // family, balanced by the work that is actually there rather than by the matrix width:
 //
-// - A one-block plan kernel reads the row bounds on the device (so one captured graph stays valid when
-//   they change) and cuts the valid elements of all rows into items of `chunk` elements, chunk =
-//   max(kMinChunk, total / grid): a row longer than the chunk becomes several items, a shorter one
-//   stays whole. Rows that are split get a slot of shared state in the workspace (fewer than `grid` of
-//   them by construction: each holds more than total / grid elements).
-// - The select kernel runs a grid of co-resident blocks (a cooperative launch guarantees it), each
-//   taking items grid apart. A block loads its item's keys into shared memory once (kCache keys; a
-//   longer item, possible only when rows are many, re-reads the rest from global memory), then resolves
-//   the k-th largest key digit by digit (fp32 keys: 11, 11 and 10 bits; bf16: 11 and 5), stopping as
-//   soon as the threshold digit's bucket is taken whole. The first digit's histogram is built while
-//   loading. The blocks of a split row add their histograms into the slot and wait for each other at a
-//   per-row arrival counter (no grid-wide barrier: items of other rows go on), then all compute the same
-//   threshold. A last sweep writes every index above the threshold and the first ties reached, claiming
-//   output slots with one atomic per warp.
-// - The last block to leave a split row zeroes its slot, so the workspace is back to zero after every
-//   launch and the next launch (or graph replay) needs no clearing.
+// - One launch of as many blocks as can be resident at once (a cooperative launch guarantees it). With
+//   up to kSplitRows rows, every block first makes the same plan from the row bounds, read on the device
+//   (so one captured graph stays valid when they change): the valid elements of all rows are cut into
+//   items of about total / grid elements (at least kMinChunk, at most what the shared-memory key cache
+//   holds), a row longer than that into several equal parts. With more rows, each row is one item.
+// - Blocks take items in order from a counter in the workspace, so a block that finished a short row
+//   takes the next item at once. A block loads its item's keys into shared memory once (with several
+//   16-byte loads in flight per thread; a whole row longer than the cache, possible only when rows are
+//   many, re-reads the rest), then resolves the k-th largest key digit by digit (fp32 keys: 11, 11 and
+//   10 bits; bf16: 11 and 5), stopping as soon as the threshold digit's bucket is taken whole. The first
+//   digit's histogram is built while loading.
+// - The parts of a split row add their histograms into the row's slot in the workspace and wait for
+//   each other at the slot's arrival counter (no grid-wide barrier: items of other rows go on), then all
+//   compute the same threshold. A last sweep writes every index above the threshold and the first ties
+//   reached, claiming output slots with one atomic per warp.
+// - The last part to leave a row zeroes its slot, and the last block to leave the launch resets the item
+//   counter, so the workspace is back to zero after every launch and the next launch (or graph replay)
+//   needs no clearing.
 // - Histograms are counted with a run-length combine per thread: rows concentrated in one bin (x + 100,
 //   x * 1e-8, ties) cost one shared-memory atomic per run instead of one per element.
 //
-// Deadlock freedom: items are numbered row by row, so a split row's items are consecutive and sit on
-// distinct blocks; a block waits only for the other items of its current row, whose blocks are either on
-// that row or still on an earlier item, and the earliest unfinished row always has all its blocks.
+// Deadlock freedom: items are taken in order, a row's parts are consecutive items and number at most the
+// grid, and a block waits only for the other parts of its current row. The earliest row still held by
+// some block has all its parts taken (else every held item would be one of its parts, more than the
+// grid), so all of them are on blocks that are running, and that row completes.
 //
-// Entry points, workspace and status: see topk_api.h. This family needs its whole workspace zeroed once
-// (topk_api.h asks for the header only); every launch leaves it zeroed again.
+// Entry points, workspace and status: see topk_api.h.
 #include <atomic>
 
 #include "common.cuh"
@@ -41,9 +43,10 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kBlocksPerSm = 2;        // the register budget of __launch_bounds__
 constexpr int kBins = 2048;            // 11-bit digits; shorter ones use the low bins
-constexpr int kCache = 16384;          // keys of an item kept in shared memory
+constexpr int kCacheBytes = 64 << 10;  // an item's keys kept in shared memory
 constexpr int kMinChunk = 4096;        // below this, splitting costs more in barriers than it saves
-constexpr int kPlanThreads = 1024;
+constexpr int kSplitRows = 1024;       // more rows than this fill the GPU whole: rows are not split
+constexpr int kLoadUnroll = 4;         // 16-byte loads in flight per thread while an item is loaded
 constexpr int kMaxTopK = 1 << 20;      // output goes straight to global memory: no slot staging limit
 constexpr int kSlotHist = 5 * 1024;    // words of a slot's histograms: 2048 + 2048 + 1024 (fp32)
 
@@ -70,22 +73,15 @@ struct Keys<__nv_bfloat16> {
   __host__ __device__ static constexpr int bits(int j) { return j == 0 ? 11 : 5; }
 };
 
-// What the plan kernel leaves for the select kernel.
-struct Plan {
-  int items;
-  int chunk;
-  int reserved[62];  // keeps the item table 256-byte aligned
+// The launch's item counter: items taken, and blocks that have left.
+struct Work {
+  uint32_t next;
+  uint32_t done;
+  uint32_t reserved[62];
 };
-static_assert(sizeof(Plan) == 256, "the plan header is 256 bytes");
+static_assert(sizeof(Work) == 256, "the item counter is 256 bytes");
 
-struct Item {
-  int row;
-  int part;   // which chunk of the row
-  int parts;  // how many chunks the row has (1: the row is whole)
-  int slot;   // the split row's shared state, -1 for a whole row
-};
-
-// The state the blocks of one split row share, zero between launches.
+// The state the parts of one split row share, zero between launches.
 struct Slot {
   uint32_t hist[kSlotHist];  // the digit histograms of the whole row, round j at j * kBins
   uint32_t arrive;           // arrivals: parts per round passed, plus one per part leaving
@@ -94,18 +90,10 @@ struct Slot {
   uint32_t reserved[61];
 };
 
-struct Layout {
-  long long items_at, slots_at, bytes;
-};
-
-// Workspace: status header, plan, item table (at most rows + grid items), slots (fewer than grid, and at
-// most one per row).
-Layout layout(int rows, int grid) {
-  const long long items = static_cast<long long>(rows) + grid;
-  const long long items_at = sizeof(LrStatus) + sizeof(Plan);
-  const long long slots_at = (items_at + items * static_cast<long long>(sizeof(Item)) + 255) / 256 * 256;
-  const long long slots = rows < grid ? rows : grid;
-  return Layout{items_at, slots_at, slots_at + slots * static_cast<long long>(sizeof(Slot))};
+// Workspace: status header, item counter, one slot per row when rows may be split.
+long long workspace_size(int rows) {
+  const long long slots = rows <= kSplitRows ? rows : 0;
+  return static_cast<long long>(sizeof(LrStatus) + sizeof(Work)) + slots * static_cast<long long>(sizeof(Slot));
 }
 
 // Per-thread run-length combine of histogram increments (see the header comment).
@@ -123,8 +111,6 @@ struct Run {
     n = 0;
   }
 };
-
-// ------------------------------------------------------------------------------------------ the plan
 
 // Block-wide exclusive prefix sum (and total) of one value per thread.
 template <int THREADS, typename V>
@@ -148,52 +134,21 @@ __device__ V block_exclusive_sum(V v, V* warp_scratch, V& total) {
   return before + incl - v;
 }
 
-__device__ __forceinline__ int row_len(const int* starts, const int* ends, int r) {
-  const int len = ends[r] - starts[r];
-  return len > 0 ? len : 0;
-}
-
-__global__ __launch_bounds__(kPlanThreads) void plan_kernel(const int* __restrict__ row_starts,
-                                                            const int* __restrict__ row_ends, int rows, int top_k,
-                                                            int grid, Plan* plan, Item* items) {
-  __shared__ unsigned long long scratch[kPlanThreads / lr::kWarp];
-  unsigned long long mine = 0;
-  for (int r = threadIdx.x; r < rows; r += kPlanThreads) mine += row_len(row_starts, row_ends, r);
-  unsigned long long total_len = 0;
-  block_exclusive_sum<kPlanThreads>(mine, scratch, total_len);
-  long long chunk = (static_cast<long long>(total_len) + grid - 1) / grid;
-  chunk = (chunk + 15) / 16 * 16;
-  if (chunk < kMinChunk) chunk = kMinChunk;
-  // Item and slot counts are scanned together: parts in the high 32 bits, split rows in the low 32.
-  unsigned long long carry = 0;
-  for (int r0 = 0; r0 < rows; r0 += kPlanThreads) {
-    const int r = r0 + static_cast<int>(threadIdx.x);
-    int parts = 0;
-    if (r < rows) {
-      const int len = row_len(row_starts, row_ends, r);
-      parts = len > top_k && len > chunk ? static_cast<int>((len + chunk - 1) / chunk) : 1;
-    }
-    const unsigned long long v = (static_cast<unsigned long long>(parts) << 32) | (parts > 1 ? 1u : 0u);
-    unsigned long long tile = 0;
-    const unsigned long long at = carry + block_exclusive_sum<kPlanThreads>(v, scratch, tile);
-    const int first = static_cast<int>(at >> 32), slot = static_cast<int>(at & 0xffffffffu);
-    for (int p = 0; p < parts; ++p) items[first + p] = Item{r, p, parts, parts > 1 ? slot : -1};
-    carry += tile;
-  }
-  if (threadIdx.x == 0) *plan = Plan{static_cast<int>(carry >> 32), static_cast<int>(chunk), {}};
-}
-
 // ---------------------------------------------------------------------------------------- the select
 
 template <typename T>
 struct Split {
   using K = Keys<T>;
   using Key = typename K::Key;
-  static constexpr int kSmemCache = kCache * static_cast<int>(sizeof(Key));
+  static constexpr int kCache = kCacheBytes / static_cast<int>(sizeof(Key));  // keys cached per item
+  static constexpr int kPerVec = 16 / static_cast<int>(sizeof(Key));
 
   struct Smem {
     uint32_t hist[kBins];
+    int first[kSplitRows + 1];  // the plan: row r's parts are items first[r] .. first[r + 1] - 1
+    unsigned long long scratch[kThreads / lr::kWarp];
     lr::ScanScratch<kThreads> scan;
+    int items, chunk, item;
     uint32_t count, ties;  // a whole row's output slots and ties taken
     int last;              // this block is the last to leave its split row
   };
@@ -202,13 +157,71 @@ struct Split {
     return (key >> K::shift(j)) & ((1u << K::bits(j)) - 1u);
   }
 
-  // f(key, i) for the n keys of an item: the cached ones from shared memory, the rest from `src`.
+  // f(key, i) for the n keys of an item: the cached ones from shared memory (16 bytes at a time), the
+  // rest from `src`.
   template <typename F>
   __device__ __forceinline__ static void for_each_key(const Key* cache, const T* src, int n, F&& f) {
     const int cached = min(n, kCache);
-    for (int i = threadIdx.x; i < cached; i += kThreads) f(static_cast<uint32_t>(cache[i]), i);
+    const int nv = cached / kPerVec;
+    const uint4* vec = reinterpret_cast<const uint4*>(cache);
+    for (int v = threadIdx.x; v < nv; v += kThreads) {
+      const uint4 w = vec[v];
+      const Key* e = reinterpret_cast<const Key*>(&w);
+#pragma unroll
+      for (int j = 0; j < kPerVec; ++j) f(static_cast<uint32_t>(e[j]), v * kPerVec + j);
+    }
+    for (int i = nv * kPerVec + threadIdx.x; i < cached; i += kThreads) f(static_cast<uint32_t>(cache[i]), i);
     if (n > kCache)
       lr::for_each_in_row<kThreads>(src + kCache, n - kCache, [&](float x, int i) { f(K::key(x), kCache + i); });
+  }
+
+  // The plan (see the header comment), made by every block alike: s.items, s.chunk and s.first.
+  __device__ static void plan(const int* row_starts, const int* row_ends, int rows, int top_k, Smem& s) {
+    const int tid = threadIdx.x;
+    if (rows > kSplitRows) {
+      if (tid == 0) s.items = rows;
+      __syncthreads();
+      return;
+    }
+    constexpr int kPer = (kSplitRows + kThreads - 1) / kThreads;  // rows per thread, consecutive
+    int len[kPer];
+    unsigned long long mine = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int r = tid * kPer + j;
+      len[j] = r < rows ? max(row_ends[r] - row_starts[r], 0) : 0;
+      mine += len[j];
+    }
+    unsigned long long total = 0;
+    block_exclusive_sum<kThreads>(mine, s.scratch, total);
+    // Rows fewer than half the grid leave the rest of it for their parts: at most grid items in all.
+    const long long grid = gridDim.x;
+    const long long share = grid - rows > grid / 2 ? grid - rows : grid / 2;
+    long long chunk = (static_cast<long long>(total) + share - 1) / share;
+    chunk = chunk < kMinChunk ? kMinChunk : chunk > kCache ? kCache : chunk;
+    unsigned long long parts_mine = 0;
+    int parts[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const long long p = tid * kPer + j >= rows                ? 0  // no such row: no item
+                          : len[j] > top_k && len[j] > chunk ? (len[j] + chunk - 1) / chunk
+                                                             : 1;
+      parts[j] = static_cast<int>(p < grid ? p : grid);
+      parts_mine += parts[j];
+    }
+    unsigned long long items = 0;
+    int at = static_cast<int>(block_exclusive_sum<kThreads>(parts_mine, s.scratch, items));
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int r = tid * kPer + j;
+      if (r < rows) s.first[r] = at;
+      at += parts[j];
+    }
+    if (tid == 0) {
+      s.first[rows] = static_cast<int>(items);
+      s.items = static_cast<int>(items);
+    }
+    __syncthreads();
   }
 
   // Every part has added its round-j histogram to the slot: arrive and wait for the others.
@@ -224,30 +237,32 @@ struct Split {
     __syncthreads();
   }
 
-  // One item: select the part of the row's top_k that lies in this item's chunk.
-  __device__ static void item(const Item it, int chunk, const T* __restrict__ logits, long long row_stride,
+  // One item: select the part of row `row`'s top_k that lies in its part `part` of `parts`.
+  __device__ static void item(int row, int part, int parts, const T* __restrict__ logits, long long row_stride,
                               const int* __restrict__ row_starts, const int* __restrict__ row_ends, int top_k,
                               int* __restrict__ out, long long out_stride, Slot* slots, LrStatus* status,
                               Smem& s, Key* cache) {
     const int tid = threadIdx.x;
-    const int start = row_starts[it.row];
-    const int len = row_ends[it.row] - start;
-    int* out_row = out + it.row * out_stride;
-    const T* row = logits + it.row * row_stride + start;
+    const int start = row_starts[row];
+    const int len = row_ends[row] - start;
+    int* out_row = out + row * out_stride;
+    const T* row_in = logits + row * row_stride + start;
     if (len <= top_k) {  // every valid index, then -1; still look for NaN
       const int n = max(len, 0);
       for (int i = tid; i < n; i += kThreads) out_row[i] = i;
       lr::write_tail<kThreads>(out_row, n, top_k);
       bool nan = false;
-      lr::for_each_in_row<kThreads>(row, n, [&](float x, int) { nan |= x != x; });
+      lr::for_each_in_row<kThreads, kLoadUnroll>(row_in, n, [&](float x, int) { nan |= x != x; });
       if (__syncthreads_or(nan) && tid == 0) lr::report_nan(status);
       return;
     }
-    const int lo = it.part * chunk;
-    const int n = min(chunk, len - lo);
-    const T* src = row + lo;
-    const bool split = it.parts > 1;
-    Slot* slot = split ? slots + it.slot : nullptr;
+    // Equal parts, 16-element aligned within the row.
+    const int each = ((len + parts - 1) / parts + 15) / 16 * 16;
+    const int lo = part * each;
+    const int n = max(min(each, len - lo), 0);
+    const T* src = row_in + lo;
+    const bool split = parts > 1;
+    Slot* slot = split ? slots + row : nullptr;
     uint32_t* count = split ? &slot->count : &s.count;
     uint32_t* ties = split ? &slot->ties : &s.ties;
     if (tid == 0) s.count = s.ties = 0;  // published by the barriers below
@@ -257,7 +272,7 @@ struct Split {
     __syncthreads();
     Run run;
     bool nan = false;
-    lr::for_each_in_row<kThreads>(src, n, [&](float x, int i) {
+    lr::for_each_in_row<kThreads, kLoadUnroll>(src, n, [&](float x, int i) {
       nan |= x != x;
       const uint32_t key = K::key(x);
       if (i < kCache) cache[i] = static_cast<Key>(key);
@@ -282,7 +297,7 @@ struct Split {
         uint32_t* g = slot->hist + j * kBins;
         for (int b = tid; b < (1 << K::bits(j)); b += kThreads)
           if (s.hist[b]) atomicAdd(&g[b], s.hist[b]);
-        arrive_and_wait(slot, static_cast<uint32_t>(it.parts * (j + 1)));
+        arrive_and_wait(slot, static_cast<uint32_t>(parts * (j + 1)));
         for (int b = tid; b < (1 << K::bits(j)); b += kThreads) s.hist[b] = __ldcg(&g[b]);
         __syncthreads();
       }
@@ -300,10 +315,10 @@ struct Split {
       const bool take = m > prefix || (m == prefix && lr::claim(ties) < need);
       if (take) out_row[lr::claim(count)] = lo + i;
     });
+    if (!split) return;
     __threadfence();
     __syncthreads();
-    if (!split) return;
-    if (tid == 0) s.last = atomicAdd(&slot->arrive, 1u) == static_cast<uint32_t>(it.parts * (rounds + 1) - 1);
+    if (tid == 0) s.last = atomicAdd(&slot->arrive, 1u) == static_cast<uint32_t>(parts * (rounds + 1) - 1);
     __syncthreads();
     if (s.last) {  // every other part has left: clear the slot for the next launch
       lr::smem_fill<kThreads>(slot->hist, rounds * kBins < kSlotHist ? rounds * kBins : kSlotHist, 0u);
@@ -315,17 +330,40 @@ struct Split {
 template <typename T>
 __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
     const T* __restrict__ logits, long long row_stride, const int* __restrict__ row_starts,
-    const int* __restrict__ row_ends, int top_k, int* __restrict__ out, long long out_stride,
-    const Plan* plan, const Item* items, Slot* slots, LrStatus* status) {
+    const int* __restrict__ row_ends, int rows, int top_k, int* __restrict__ out, long long out_stride,
+    Work* work, Slot* slots, LrStatus* status) {
   using S = Split<T>;
   __shared__ typename S::Smem s;
   extern __shared__ __align__(16) unsigned char cache_raw[];
   auto* cache = reinterpret_cast<typename S::Key*>(cache_raw);
-  const int n_items = plan->items, chunk = plan->chunk;
-  for (int i = blockIdx.x; i < n_items; i += gridDim.x) {
-    S::item(items[i], chunk, logits, row_stride, row_starts, row_ends, top_k, out, out_stride, slots, status, s,
+  S::plan(row_starts, row_ends, rows, top_k, s);
+  const bool whole = rows > kSplitRows;
+  for (;;) {
+    if (threadIdx.x == 0) s.item = static_cast<int>(atomicAdd(&work->next, 1u));
+    __syncthreads();
+    const int i = s.item;
+    if (i >= s.items) break;
+    int row = i, part = 0, parts = 1;
+    if (!whole) {  // the row whose items include i: the last r with first[r] <= i
+      int lo = 0, hi = rows;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (s.first[mid] <= i) lo = mid; else hi = mid;
+      }
+      row = lo;
+      part = i - s.first[row];
+      parts = s.first[row + 1] - s.first[row];
+    }
+    S::item(row, part, parts, logits, row_stride, row_starts, row_ends, top_k, out, out_stride, slots, status, s,
             cache);
     __syncthreads();  // shared memory is reused by the next item
+  }
+  if (threadIdx.x == 0) {  // the last block out resets the counter for the next launch
+    __threadfence();
+    if (atomicAdd(&work->done, 1u) == gridDim.x - 1) {
+      work->next = 0;
+      work->done = 0;
+    }
   }
 }
 
@@ -340,44 +378,35 @@ int grid_blocks() {
   if (blocks > 0) return blocks;
   int sms = 0, per_sm = 0;
   // Above 48 KB a kernel must opt in; not a stream operation, so also safe while a graph is captured.
-  if (cudaFuncSetAttribute(split_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, Split<T>::kSmemCache) !=
-          cudaSuccess ||
+  if (cudaFuncSetAttribute(split_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kCacheBytes) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_kernel<T>, kThreads, Split<T>::kSmemCache) !=
-          cudaSuccess)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_kernel<T>, kThreads, kCacheBytes) != cudaSuccess)
     return 0;
   blocks = sms * per_sm;
   cached[device].store(blocks);
   return blocks;
 }
 
-int grid_for(int dtype) { return dtype == LR_F32 ? grid_blocks<float>() : grid_blocks<__nv_bfloat16>(); }
-
 template <typename T>
 int launch(const void* logits, long long row_stride, const int* row_starts, const int* row_ends, int rows, int top_k,
-           int* out, long long out_stride, void* workspace, int grid, cudaStream_t stream) {
-  const Layout l = layout(rows, grid);
+           int* out, long long out_stride, void* workspace, cudaStream_t stream) {
+  const int grid = grid_blocks<T>();
+  if (grid <= 0) return LR_ELAUNCH;
   auto* base = static_cast<unsigned char*>(workspace);
   auto* status = static_cast<LrStatus*>(workspace);
-  auto* plan = reinterpret_cast<Plan*>(base + sizeof(LrStatus));
-  auto* items = reinterpret_cast<Item*>(base + l.items_at);
-  auto* slots = reinterpret_cast<Slot*>(base + l.slots_at);
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(row_starts, row_ends, rows, top_k, grid, plan, items);
-  if (cudaGetLastError() != cudaSuccess) return LR_ELAUNCH;
+  auto* work = reinterpret_cast<Work*>(base + sizeof(LrStatus));
+  auto* slots = reinterpret_cast<Slot*>(base + sizeof(LrStatus) + sizeof(Work));
   const T* typed = static_cast<const T*>(logits);
-  void* args[] = {&typed, &row_stride, &row_starts, &row_ends, &top_k, &out, &out_stride,
-                  &plan, &items, &slots, &status};
+  void* args[] = {&typed, &row_stride, &row_starts, &row_ends, &rows, &top_k, &out, &out_stride,
+                  &work, &slots, &status};
   const cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(split_kernel<T>), dim3(grid),
-                                                    dim3(kThreads), args, Split<T>::kSmemCache, stream);
+                                                    dim3(kThreads), args, kCacheBytes, stream);
   return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? LR_OK : LR_ELAUNCH;
 }
 
 }  // namespace
 
-LR_EXPORT long long lr_split_workspace_bytes(int rows, int, int, int dtype) {
-  const int grid = grid_for(dtype);
-  return grid > 0 && rows >= 0 ? layout(rows, grid).bytes : static_cast<long long>(sizeof(LrStatus));
-}
+LR_EXPORT long long lr_split_workspace_bytes(int rows, int, int, int) { return workspace_size(rows > 0 ? rows : 0); }
 
 LR_EXPORT int lr_split_max_top_k(int) { return kMaxTopK; }
 
@@ -388,11 +417,9 @@ LR_EXPORT int lr_split_topk(const void* logits, int dtype, long long row_stride,
                               workspace, workspace_bytes))
     return err;
   if (rows == 0) return LR_OK;
-  const int grid = grid_for(dtype);
-  if (grid <= 0) return LR_ELAUNCH;
-  if (workspace_bytes < layout(rows, grid).bytes) return LR_EWORKSPACE;
+  if (workspace_bytes < workspace_size(rows)) return LR_EWORKSPACE;
   return dtype == LR_F32 ? launch<float>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride,
-                                         workspace, grid, stream)
+                                         workspace, stream)
                          : launch<__nv_bfloat16>(logits, row_stride, row_starts, row_ends, rows, top_k, out,
-                                                 out_stride, workspace, grid, stream);
+                                                 out_stride, workspace, stream);
 }
