@@ -6,11 +6,13 @@ Each variant is `deepselect.cu` built with some of its compile-time overrides (`
    replayed after its row ends changed in place (check 5), and the NaN status flag;
 2. timing: the seed-controls shapes at full scale (fp32 and bf16, values drawn on the GPU with the
    recipe's bounds and distribution), CUDA graph, cold L2, alternating rounds, together with the bundled
-   native kernel and the upstream DeepSelect times measured the same way (the targets of the issue).
+   native kernel and the upstream DeepSelect times measured the same way (the targets of the issue);
+   with --decode also the decode shapes (1-64 rows of up to 163840 columns, mixed lengths, top_k 512
+   and 2048), beside the bundled split kernel (the decode path).
 The last thing printed is one table: median microseconds per case and variant, and ratios.
 
     python bench/deepselect_tune.py                     # default variant set
-    python bench/deepselect_tune.py --variants default,b2_2048 --json results.json
+    python bench/deepselect_tune.py --variants default,b2_2048 --decode --json results.json
     python bench/deepselect_tune.py --prebuilt DIR      # reuse libraries built by --build-only DIR
 """
 
@@ -54,6 +56,9 @@ VARIANTS: dict[str, dict[str, int]] = {
     "t128": {"LR_DS_THREADS": 128, "LR_DS_BLOCKS": 8},
 }
 
+# Decode shapes: the decode suite's plain-decode steps of at most 64 rows (mixed lengths up to 163840).
+DECODE_MAX_ROWS = 64
+
 # Upstream DeepSelect on an H200 (cold L2, CUDA graph), microseconds: (fp32, bf16), keyed by
 # (distribution, cols, rows, top_k).
 UPSTREAM = {
@@ -96,11 +101,17 @@ class Kernel:
         self.topk = getattr(self.lib, f"lr_{name}_topk")
         self.topk.argtypes = [_P, _I, _LL, _P, _P, _I, _I, _P, _LL, _P, _LL, _P]
         self.topk.restype = _I
+        self.workspace_bytes = getattr(self.lib, f"lr_{name}_workspace_bytes")
+        self.workspace_bytes.argtypes = [_I, _I, _I, _I]
+        self.workspace_bytes.restype = _LL
         self.workspace = torch.zeros(4096, dtype=torch.uint8, device="cuda")
 
     def launcher(self, logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int,
                  out: torch.Tensor):
         dtype = 0 if logits.dtype == torch.float32 else 1
+        need = self.workspace_bytes(logits.shape[0], logits.shape[1], top_k, dtype)
+        if need > self.workspace.numel():  # zeroed once, as the C interface asks
+            self.workspace = torch.zeros(need, dtype=torch.uint8, device="cuda")
         args = (logits.data_ptr(), dtype, logits.stride(0), starts.data_ptr(), ends.data_ptr(), logits.shape[0],
                 top_k, out.data_ptr(), out.stride(0), self.workspace.data_ptr(), self.workspace.numel())
 
@@ -207,16 +218,23 @@ def control_matrix(recipe: synth.Recipe, dtype: torch.dtype):
     return x.to(dtype), s, e
 
 
-def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingProtocol,
-            failures: list[str]) -> list[dict]:
+def decode_recipes() -> list[synth.Recipe]:
+    return [r for r in synth.recipes("decode", "full")
+            if isinstance(r, synth.DecodeRecipe) and r.group == "batch" and r.next_n == 1 and r.rows <= DECODE_MAX_ROWS]
+
+
+def timings(kernels: dict[str, Kernel], others: dict[str, Kernel], recipes: list[synth.Recipe],
+            protocol: TimingProtocol, failures: list[str]) -> list[dict]:
     bandwidth = measure_read_bandwidth(torch.device("cuda"))
     rows = []
-    for recipe in synth.recipes("seed-controls", "full"):
+    for recipe in recipes:
         for dtype in (torch.float32, torch.bfloat16):
             logits, s, e = control_matrix(recipe, dtype)
             outs = {}
             launches = {}
-            for name, k in [*kernels.items(), *([("native", native)] if native else [])]:
+            # split (the decode path) only on decode shapes.
+            beside = {n: k for n, k in others.items() if n != "split" or isinstance(recipe, synth.DecodeRecipe)}
+            for name, k in [*kernels.items(), *beside.items()]:
                 outs[name] = OutputBuffer(recipe.rows, recipe.top_k, "cuda")
                 launches[name] = k.launcher(logits, s, e, recipe.top_k, outs[name].view)
             t = time_launches(launches, torch.device("cuda"), protocol)
@@ -230,6 +248,7 @@ def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingP
             up = UPSTREAM.get(key)
             rows.append({"case": recipe.case_id,
                          "label": f"{recipe.distribution} {recipe.cols}x{recipe.rows} k{recipe.top_k}",
+                         "others": list(beside),
                          "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
                          "upstream": None if up is None else up[dtype == torch.bfloat16],
                          "floor": int((e - s).sum()) * logits.element_size() / bandwidth * 1e6,
@@ -240,7 +259,8 @@ def timings(kernels: dict[str, Kernel], native: Kernel | None, protocol: TimingP
 
 
 def print_table(rows: list[dict], names: list[str]) -> None:
-    head = ["dtype", "floor", "upstream", "native", *names]
+    others = list(dict.fromkeys(o for r in rows for o in r["others"]))
+    head = ["dtype", "floor", "upstream", *others, *names]
     print("\nmedian us (cold L2, CUDA graph); last column: best variant / upstream")
     print(f"{'case (cols x rows)':>28} " + " ".join(f"{h[:10]:>10}" for h in head) + "  best/up")
     for r in rows:
@@ -258,6 +278,8 @@ def main() -> int:
     ap.add_argument("--arch", default=None, help="target architecture (default: the current device's)")
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--skip-controls", action="store_true", help="time no seed-controls shapes")
+    ap.add_argument("--decode", action="store_true", help="also time the decode shapes (beside split)")
     ap.add_argument("--full-protocol", action="store_true",
                     help="the replay protocol (25 warmups, 4 alternating rounds of 10) instead of a quick sweep")
     args = ap.parse_args()
@@ -281,7 +303,9 @@ def main() -> int:
         libs = build_all(names, arch, Path(tempfile.mkdtemp(prefix="deepselect-variants-")))
     print(f"libraries ready in {time.time() - t0:.0f} s", flush=True)
     kernels = {n: Kernel(p, "deepselect") for n, p in libs.items()}
-    native = Kernel(build.build("native", arch), "native")
+    others = {"native": Kernel(build.build("native", arch), "native")}
+    if args.decode:
+        others["split"] = Kernel(build.build("split", arch), "split")
 
     device = torch.device("cuda")
     report: dict = {"environment": environment(device), "sm_clock_mhz": sm_clock_mhz(device),
@@ -294,7 +318,9 @@ def main() -> int:
     if not args.skip_timing:
         tfail: list[str] = []
         protocol = TimingProtocol() if args.full_protocol else TimingProtocol(warmup=5, rounds=2, samples_per_round=5)
-        rows = timings(kernels, native, protocol, tfail)
+        recipes = ([] if args.skip_controls else synth.recipes("seed-controls", "full")) + (
+            decode_recipes() if args.decode else [])
+        rows = timings(kernels, others, recipes, protocol, tfail)
         report["timings"] = rows
         report["full_scale_failures"] = tfail
         report["sm_clock_mhz_end"] = sm_clock_mhz(device)
