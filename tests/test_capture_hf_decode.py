@@ -37,7 +37,7 @@ def test_generate_steps_are_decode_cases_and_replay_strict(deepseek_dir: Path, t
     out = tmp_path / "cap.zarr"
     # One layer: 3 prefill chunks + 4 steps stay within the writer's queue (a full one drops, by design).
     summary = _capture([str(deepseek_dir), "--random-tokens", "40", "--chunk-size", "16", "--generate", "4",
-                        "--policy", "layers=1", "--out", str(out)])
+                        "--policy", "layers=1,every", "--out", str(out)])
     assert summary["error"] is None and summary["generated"] == 4 and summary["dropped"] == {}
     cases = list(Archive.open(out))
     prefill = [c for c in cases if c.kind == "prefill"]
@@ -57,6 +57,17 @@ def test_generate_steps_are_decode_cases_and_replay_strict(deepseek_dir: Path, t
     replayed = _replays_strict(out, tmp_path)
     assert sum(c["kind"] == "decode" for c in replayed) == 4
     assert f"{deepseek_dir.name} layer 1 decode b1 n1 ctx 40-40" in {c["source"] for c in replayed}
+
+
+def test_default_policy_keeps_one_decode_step_per_width_bucket(deepseek_dir: Path, tmp_path: Path) -> None:
+    """Each step is one column wider (40 .. 43, one power-of-two bucket) at batch 1: the default keeps
+    the first step of layer 1, where exact widths would keep all four."""
+    out = tmp_path / "cap.zarr"
+    summary = _capture([str(deepseek_dir), "--random-tokens", "40", "--chunk-size", "16", "--generate", "4",
+                        "--policy", "layers=1", "--out", str(out)])
+    assert summary["error"] is None and summary["dropped"] == {}
+    decode = [c for c in Archive.open(out) if c.kind == "decode"]
+    assert [(c.cols, c.rows) for c in decode] == [(40, 1)]
 
 
 def _capture_generate(model: torch.nn.Module, out: Path, ids: torch.Tensor, mask: torch.Tensor,

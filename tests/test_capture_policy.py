@@ -16,9 +16,26 @@ def test_default_keeps_first_matrix_per_layer_and_width() -> None:
     assert sel.wants(0, 2048) and sel.wants(1, 1024)
 
 
+def test_decode_calls_are_kept_once_per_layer_batch_bucket_and_width_bucket() -> None:
+    """Decode rows are the batch, which changes every step: one matrix per power-of-two bucket of rows
+    (64 and 65 apart, as vLLM's cooperative_topk takes at most 64) and of width, never a prefill's key."""
+    sel = PolicyState(Policy.parse(""))
+    sel.record(0, 163840, 100, decode_rows=8)
+    assert not sel.wants(0, 163840, decode_rows=5) and not sel.wants(0, 131073, decode_rows=8)
+    assert sel.wants(0, 163840, decode_rows=9) and sel.wants(0, 131072, decode_rows=8)
+    assert sel.wants(1, 163840, decode_rows=8) and sel.wants(0, 163840)  # another layer; a prefill call
+    sel.record(0, 163840, 100, decode_rows=64)
+    assert not sel.wants(0, 163840, decode_rows=33) and sel.wants(0, 163840, decode_rows=65)
+    sel.release(0, 163840, 100, decode_rows=40)
+    assert sel.wants(0, 163840, decode_rows=64)
+    every = PolicyState(Policy.parse("every"))
+    every.record(0, 163840, 100, decode_rows=8)
+    assert every.wants(0, 163840, decode_rows=8)
+
+
 def test_full_spec_round_trips_into_provenance() -> None:
     p = Policy.parse("every, layers=0-2+7, min-width=64, max-width=4096, single-request, max-cases=5, max-bytes=1.5M")
-    assert p.describe() == {"mode": "every_call", "layers": [0, 1, 2, 7], "min_width": 64, "max_width": 4096,
+    assert p.describe() == {"mode": "every_call", "decode_key": None, "layers": [0, 1, 2, 7], "min_width": 64, "max_width": 4096,
                             "single_request_only": True, "max_cases": 5, "max_bytes": 1572864}
 
 

@@ -156,6 +156,18 @@ def test_dummy_runs_are_not_captured_and_the_default_keeps_each_layers_first_rea
     assert case.row_ends.tolist() == [199, 200, 89, 90, 109, 110]
 
 
+def test_the_default_keeps_one_decode_call_per_batch_bucket(tmp_path: Path) -> None:
+    """6 and 8 rows (batch 3 and 4, next_n 2) share the power-of-two bucket 8; 10 rows are the next."""
+    capture = _capture(tmp_path, policy="")
+    layer = _layer(8, 10, 400)
+    kv = layer.indexer.k_cache.kv_cache
+    for lens in ([50, 60, 70], [40, 50, 60, 70], [30, 40, 50, 60, 70]):
+        run(layer, decode_step(lens, kv, next_n=2))
+    capture.close()
+    assert sorted(c.rows for c in _cases(tmp_path / "cap.zarr")) == [6, 10]
+    _replays_strict(tmp_path / "cap.zarr", tmp_path)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_capture_never_syncs_the_model_thread(device: str, tmp_path: Path) -> None:
     layer, step = _one_step(device=device)

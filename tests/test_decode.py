@@ -245,7 +245,7 @@ def test_cli_decode_suite_replays_strict(tmp_path: Path) -> None:
 def test_the_whole_small_decode_suite_verifies_strict(tmp_path: Path) -> None:
     report = tmp_path / "r.json"
     r = CliRunner().invoke(main, ["replay", "--suite", "decode", "--scale", "small", "--strict",
-                                  "--json", str(report)])
+                                  "--selectors", ",".join(SELECTORS), "--json", str(report)])
     assert r.exit_code == 0, r.output
     data = json.loads(report.read_text())
     assert len(data["cases"]) == len(synth.recipes("decode", "small"))

@@ -46,7 +46,7 @@ def test_default_run_verifies_every_builtin_on_every_case(tmp_path: Path) -> Non
     assert res.exit_code == 0, res.output
     assert "cpu: wall clock of the CPU algorithm models" in res.output
     data = json.loads(out.read_text())
-    assert data["selectors"] == ["reference", "native", "deepselect", "split"]
+    assert data["selectors"] == ["reference", "native", "deepselect"]
     assert [c["case_id"] for c in data["cases"]] == [r.case_id for r in synth.recipes("seed-controls", "small")]
     for case in data["cases"]:
         assert [r["status"] for r in case["results"]] == ["ok"] * 3, case["case_id"]
@@ -110,7 +110,7 @@ def test_json_validates_and_round_trips_and_csv_plot_written(plugin_archive: str
     assert data["environment"]["torch"] and data["protocol"]["timer"] == "wall"
     lines = list(csv.DictReader(table.open()))
     assert [(x["selector"], x["status"]) for x in lines] == [
-        ("reference", "ok"), ("native", "ok"), ("deepselect", "ok"), ("split", "ok"), ("wrong-value", "failed")]
+        ("reference", "ok"), ("native", "ok"), ("deepselect", "ok"), ("wrong-value", "failed")]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -262,7 +262,8 @@ class IndexerCapture:
                 width = None
             else:
                 width = int(mask.shape[-1])
-                if not self.selection.wants(site.layer_index, width):
+                rows = None if call is None or call.kind != "decode" else call.rows
+                if not self.selection.wants(site.layer_index, width, rows):
                     return
             if call is None or not isinstance(hidden, torch.Tensor):
                 raise LayoutError(f"{site.name}: forward got no hidden_states tensor")
@@ -316,7 +317,7 @@ class IndexerCapture:
         attended = None
         if mask is not None:
             starts, ends, attended = row_bounds(mask, (b, s, t), site.name)
-        elif not self.selection.wants(site.layer_index, t):
+        elif not self.selection.wants(site.layer_index, t, b * s if self.call_kind(s) == "decode" else None):
             return
         else:
             assert positions is not None

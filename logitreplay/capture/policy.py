@@ -3,6 +3,11 @@
 A model run produces one score matrix per indexer layer per forward: far more than anyone replays, and
 mostly the same shape over and over. The default keeps the *first eligible matrix per (layer, column
 width)*, which covers every layer at every context length that occurred while writing each shape once.
+Decode calls are keyed by *(layer, batch bucket, width bucket)* instead (`shape_key`): their rows are the
+batch (x next_n), which changes from step to step, and their width is max_model_len (vLLM) or grows by one
+column per token (transformers), so exact shapes would keep either one step per layer or every step.
+Buckets are powers of two: 64 and 65 rows fall apart, as vLLM's decode top-k backends do (cooperative_topk
+takes at most 64 rows).
 
 Every decision on the model's thread is made from shapes and facts already on the host, never from
 device data (reading the row bounds would synchronise the host with the model's stream): `wants` answers
@@ -24,6 +29,19 @@ from logitreplay.errors import PolicyError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _bucket(n: int) -> int:
+    """The power of two at or above n (1 for n <= 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def shape_key(layer: int, width: int, decode_rows: int | None = None) -> tuple[object, ...]:
+    """What the default policy keeps one matrix of: (layer, width), or for a decode call of
+    `decode_rows` rows ("decode", layer, rows bucket, width bucket)."""
+    if decode_rows is None:
+        return (layer, width)
+    return ("decode", layer, _bucket(decode_rows), _bucket(width))
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,7 @@ class Policy:
         """JSON form, recorded in every case's provenance so a dataset says how it was sampled."""
         return {
             "mode": "every_call" if self.every_call else "first_per_layer_width",
+            "decode_key": None if self.every_call else "first per layer, power-of-two rows and width buckets",
             "layers": sorted(self.layers) if self.layers is not None else None,
             "min_width": self.min_width,
             "max_width": self.max_width,
@@ -94,7 +113,7 @@ class PolicyState:
     """
 
     policy: Policy
-    taken: set[tuple[int, int]] = field(default_factory=set)
+    taken: set[tuple[object, ...]] = field(default_factory=set)
     cases: int = 0
     nbytes: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
@@ -106,12 +125,13 @@ class PolicyState:
         return ((p.max_cases is not None and self.cases >= p.max_cases)
                 or (p.max_bytes is not None and self.nbytes >= p.max_bytes))
 
-    def wants(self, layer: int, width: int) -> bool:
-        """Shape-only decision, cheap enough to run on every indexer call."""
+    def wants(self, layer: int, width: int, decode_rows: int | None = None) -> bool:
+        """Shape-only decision, cheap enough to run on every indexer call (`decode_rows`: the rows of a
+        decode call, None for prefill)."""
         p = self.policy
         if width < p.min_width or (p.max_width is not None and width > p.max_width):
             return False
-        if not p.every_call and (layer, width) in self.taken:
+        if not p.every_call and shape_key(layer, width, decode_rows) in self.taken:
             return False
         return self.wants_layer(layer)
 
@@ -135,10 +155,10 @@ class PolicyState:
             return False
         return True
 
-    def record(self, layer: int, width: int, nbytes: int) -> None:
+    def record(self, layer: int, width: int, nbytes: int, decode_rows: int | None = None) -> None:
         """A matrix was handed to the writer: it now counts against the budgets and its shape is done."""
         with self._lock:
-            self.taken.add((layer, width))
+            self.taken.add(shape_key(layer, width, decode_rows))
             self.cases += 1
             self.nbytes += nbytes
 
@@ -148,11 +168,11 @@ class PolicyState:
         with self._lock:
             self.nbytes += nbytes - charged
 
-    def release(self, layer: int, width: int, charged: int) -> None:
+    def release(self, layer: int, width: int, charged: int, decode_rows: int | None = None) -> None:
         """Undo `record` for a matrix found ineligible once its bounds were on the host: it costs no budget,
         and its shape may be taken by a later matrix."""
         with self._lock:
-            self.taken.discard((layer, width))
+            self.taken.discard(shape_key(layer, width, decode_rows))
             self.cases -= 1
             self.nbytes -= charged
 

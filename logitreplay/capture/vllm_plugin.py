@@ -29,8 +29,9 @@ are captured when they run eagerly: batches larger than the largest captured siz
 piecewise graphs, where `sparse_attn_indexer` (`@eager_break_during_capture`) re-runs in Python on each
 replay. Nothing is staged while a graph is being captured (the copies would be baked into it and replay
 on every later step), nor in vLLM's dummy runs (`_dummy_run`, `profile_run`, `capture_model`, V2's
-`warmup_kernels`: logits of an uninitialized cache). Decode calls share the policy's (layer, width) key,
-and every decode matrix is max_model_len wide: the default keeps each layer's first real decode call.
+`warmup_kernels`: logits of an uninitialized cache). Decode calls are keyed by (layer, batch bucket,
+width bucket) (`policy.shape_key`; every decode matrix is max_model_len wide): the default keeps each
+layer's first real decode call of every power-of-two batch size.
 
 The chunk's layout, the TP row window and the calling layer come from the calling frames
 (`vllm_frames`). A case is never staged while a CUDA graph is being captured (the copy would be baked
@@ -85,7 +86,7 @@ from logitreplay.archive.calls import write_calls
 from logitreplay.capture.policy import Policy, PolicyState, parse_size
 from logitreplay.capture.vllm_sites import SITES, Call, Site
 from logitreplay.capture.vllm_steps import Steps
-from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
+from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter, decode_rows
 
 log = logging.getLogger("logitreplay.capture")
 
@@ -230,7 +231,7 @@ class VllmCapture:
                              str(call.attrs.get("kind", "prefill")))
             if self.selection.exhausted() or not self._rank_wanted(call.shard is not None):
                 return
-            if not self.selection.wants(call.layer.index, width):
+            if not self.selection.wants(call.layer.index, width, decode_rows(call.attrs, rows)):
                 return
             writer = self._writer()
             attrs = {**self.provenance, **_model_facts(), **call.attrs, "index_source": site.source,

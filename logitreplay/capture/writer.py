@@ -50,6 +50,11 @@ DEFAULT_MAX_PENDING_BYTES = 4 << 30
 _WRITERS = itertools.count(1)
 
 
+def decode_rows(attrs: dict[str, Any], rows: int) -> int | None:
+    """The rows a decode call's policy key counts (see `policy.shape_key`), None for any other call."""
+    return rows if attrs.get("kind") == "decode" else None
+
+
 @dataclass
 class _Staged:
     layer_index: int
@@ -159,7 +164,7 @@ class CaptureWriter:
             ready.record(torch.cuda.current_stream(matrix.device))
         self._queue.put_nowait(_Staged(layer_index, layer_name, tensors, ready, int(top_k), cols, int(row_stride),
                                        requests, bound_rows, charged, staged, attrs))  # not full: only this thread puts
-        self.selection.record(layer_index, cols, charged)
+        self.selection.record(layer_index, cols, charged, decode_rows(attrs, rows))
         return True
 
     def note(self, section: str, value: Any) -> None:
@@ -235,7 +240,8 @@ class CaptureWriter:
         requests = (item.requests if item.requests is not None
                     else len(np.unique(starts)) if offsets is None else count_requests(offsets, ends))
         if self.selection.policy.single_request_only and (requests != 1 or starts.any()):
-            self.selection.release(item.layer_index, item.cols, item.charged)
+            self.selection.release(item.layer_index, item.cols, item.charged,
+                                   decode_rows(item.attrs, int(item.tensors[0].shape[0])))
             self.selection.skip("multi_request")
             return
         self._seq += 1

@@ -35,7 +35,7 @@ def capture_group() -> None:
 @click.option("--policy", "policy_items", multiple=True, metavar="SPEC",
               help="Capture policy items, repeatable or comma-separated: every, single-request, layers=0-3+7, "
                    "min-width=N, max-width=N, max-cases=N, max-bytes=2G. Default: first matrix per "
-                   "(layer, width).")
+                   "(layer, width); decode steps per (layer, batch and width power-of-two buckets).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random-tokens.")
 @click.option("--generate", type=click.IntRange(min=0), default=0, show_default=True,
               help="After each sequence's prefill, generate N tokens (greedy, the model's own generate): "

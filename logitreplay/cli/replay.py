@@ -34,7 +34,7 @@ from logitreplay.selectors import Selector, build, load_factory
 from logitreplay.selectors.auto import RULE_ENV, DispatchRule
 from logitreplay.selectors.registry import factory_spec, needs_own_process
 
-DEFAULT_SELECTORS = "reference,native,deepselect,split"
+DEFAULT_SELECTORS = "reference,native,deepselect"
 
 
 def _wanted(names: str, specs: tuple[str, ...]) -> list[str]:
