@@ -32,6 +32,11 @@
 // some block has all its parts taken (else every held item would be one of its parts, more than the
 // grid), so all of them are on blocks that are running, and that row completes.
 //
+// Measured and not used (bench/FIDELITY.md): finishing a split row's small threshold bucket in its last
+// part after one round, so that parts wait once (the finishing select then runs after every part has
+// left: up to 1.38x slower on 8-64 rows), and blocks of 256 threads, 4 per multiprocessor (up to 1.30x
+// slower on 1-64 rows, no faster above).
+//
 // Entry points, workspace and status: see topk_api.h.
 #include <atomic>
 
