@@ -108,6 +108,24 @@ def test_byte_budget_is_charged_by_the_whole_matrix_until_the_writer_knows(tmp_p
     assert summary["dropped"] == {"over_byte_budget": 2}
 
 
+def test_a_decode_call_takes_and_frees_its_decode_key(tmp_path: Path) -> None:
+    """The writer records a decode call under the policy's decode key (layer, rows bucket, width bucket),
+    not the prefill (layer, width), and frees that key when the host finds the matrix ineligible."""
+    writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("single-request")))
+    release = _hold(writer)
+    ref = torch.full((4, 4), -1, dtype=torch.int32)
+    staged = writer.submit(torch.randn(4, 16), torch.tensor([0, 0, 3, 3]), torch.full((4,), 16), ref, top_k=4,
+                           row_stride=16, layer_index=0, layer_name="layers.0.indexer", requests=1,
+                           attrs={"model": "unit", "kind": "decode"})
+    assert staged and not writer.selection.wants(0, 16, decode_rows=3) and writer.selection.wants(0, 16)
+    release.set()
+    deadline = time.monotonic() + 10
+    while not writer.selection.skipped.get("multi_request") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.selection.wants(0, 16, decode_rows=3) and writer.selection.cases == 0  # released
+    assert writer.close()["error"] is None
+
+
 def test_single_request_is_decided_on_the_host_and_frees_the_shape(tmp_path: Path) -> None:
     writer = CaptureWriter(tmp_path / "cap.zarr", PolicyState(Policy.parse("single-request")))
     logits = torch.randn(4, 16)

@@ -241,7 +241,7 @@ class CaptureWriter:
                     else len(np.unique(starts)) if offsets is None else count_requests(offsets, ends))
         if self.selection.policy.single_request_only and (requests != 1 or starts.any()):
             self.selection.release(item.layer_index, item.cols, item.charged,
-                                   decode_rows(item.attrs, int(item.tensors[0].shape[0])))
+                                   decode_rows(item.attrs, int(matrix.shape[0])))
             self.selection.skip("multi_request")
             return
         self._seq += 1
