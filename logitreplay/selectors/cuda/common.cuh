@@ -119,6 +119,19 @@ __device__ __forceinline__ void for_each_in_row(const T* __restrict__ row, int l
   for (int i = head + nvec * kVec + tid; i < len; i += THREADS) f(to_f32(row[i]), i);
 }
 
+// A row of at most top_k elements needs no select: every valid index, then -1. Its NaN is still reported
+// (a selecting kernel finds NaN among its candidates; here every element is one).
+template <int THREADS, int UNROLL = 1, typename T>
+__device__ __forceinline__ void copy_short_row(const T* __restrict__ row, int len, int top_k, int* out_row,
+                                               LrStatus* status) {
+  const int n = max(len, 0);
+  for (int i = threadIdx.x; i < n; i += THREADS) out_row[i] = i;
+  write_tail<THREADS>(out_row, n, top_k);
+  bool nan = false;
+  for_each_in_row<THREADS, UNROLL>(row, n, [&](float x, int) { nan |= x != x; });
+  if (__syncthreads_or(nan) && threadIdx.x == 0) report_nan(status);
+}
+
 // ------------------------------------------------------------------- block histograms and the scan
 
 template <int THREADS>

@@ -328,13 +328,8 @@ struct DeepSelect {
     int* out_row = out + r * out_stride;
     const T* row = logits + r * row_stride + start;
 
-    if (len <= top_k) {  // every valid index, then -1; still look for NaN
-      const int n = max(len, 0);
-      for (int i = tid; i < n; i += kThreads) out_row[i] = i;
-      lr::write_tail<kThreads>(out_row, n, top_k);
-      bool nan = false;
-      lr::for_each_in_row<kThreads>(row, n, [&](float x, int) { nan |= x != x; });
-      if (__syncthreads_or(nan) && tid == 0) lr::report_nan(status);
+    if (len <= top_k) {
+      lr::copy_short_row<kThreads>(row, len, top_k, out_row, status);
       return;
     }
 

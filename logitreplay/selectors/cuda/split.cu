@@ -252,13 +252,8 @@ struct Split {
     const int len = row_ends[row] - start;
     int* out_row = out + row * out_stride;
     const T* row_in = logits + row * row_stride + start;
-    if (len <= top_k) {  // every valid index, then -1; still look for NaN
-      const int n = max(len, 0);
-      for (int i = tid; i < n; i += kThreads) out_row[i] = i;
-      lr::write_tail<kThreads>(out_row, n, top_k);
-      bool nan = false;
-      lr::for_each_in_row<kThreads, kLoadUnroll>(row_in, n, [&](float x, int) { nan |= x != x; });
-      if (__syncthreads_or(nan) && tid == 0) lr::report_nan(status);
+    if (len <= top_k) {
+      lr::copy_short_row<kThreads, kLoadUnroll>(row_in, len, top_k, out_row, status);
       return;
     }
     // Equal parts, 16-element aligned within the row.
