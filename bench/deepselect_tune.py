@@ -1,19 +1,24 @@
-"""Sweep the DeepSelect kernel's tunables on a GPU, verify every variant, and time them.
+"""Sweep a bundled kernel's tunables on a GPU, verify every variant, and time them.
 
-Each variant is `deepselect.cu` built with some of its compile-time overrides (`-DLR_DS_THREADS=...`,
-`LR_DS_ELEMS`, `LR_DS_B2`, `LR_DS_BLOCKS`; see the Config comment in the source). For every variant:
+Each variant is the family's source (`deepselect.cu` by default, `split.cu` with --family split) built
+with some of its compile-time overrides (DeepSelect: `-DLR_DS_THREADS=...`, `LR_DS_ELEMS`, `LR_DS_B2`,
+`LR_DS_BLOCKS`, see the Config comment in the source; split: `LR_SPLIT_CHUNK_CACHES`,
+`LR_SPLIT_SHARE_DIV`, `LR_SPLIT_CACHE_KB`, see the constants at its top). For every variant:
 1. correctness: every case of the stress suite (small scale) through the replay checks 1-4, a graph
    replayed after its row ends changed in place (check 5), and the NaN status flag;
 2. timing: the seed-controls shapes at full scale (fp32 and bf16, values drawn on the GPU with the
    recipe's bounds and distribution), CUDA graph, cold L2, alternating rounds, together with the bundled
    native kernel and the upstream DeepSelect times measured the same way (the targets of the issue);
-   with --decode also the decode shapes (1-64 rows of up to 163840 columns, mixed lengths, top_k 512
-   and 2048), beside the bundled split kernel (the decode path).
+   with --decode also the decode shapes (1 to --decode-rows rows of up to 163840 columns, mixed
+   lengths, top_k 512 and 2048), beside the bundled split kernel (the decode path). The split family
+   times the decode shapes only; --against REPORT.json (a replay report of the decode suite) adds the
+   best vLLM decode kernel's time there as the reference column.
 The last thing printed is one table: median microseconds per case and variant, and ratios.
 
     python bench/deepselect_tune.py                     # default variant set
     python bench/deepselect_tune.py --variants default,b2_2048 --decode --json results.json
     python bench/deepselect_tune.py --prebuilt DIR      # reuse libraries built by --build-only DIR
+    python bench/deepselect_tune.py --family split --decode-rows 512 --against decode.json
 """
 
 from __future__ import annotations
@@ -46,18 +51,29 @@ from logitreplay.replay import (
 )
 from logitreplay.selectors.cuda import build
 
-VARIANTS: dict[str, dict[str, int]] = {
-    "default": {},
-    "e16_b4": {"LR_DS_ELEMS": 16, "LR_DS_BLOCKS": 4},
-    "b4": {"LR_DS_BLOCKS": 4},
-    "b2_512": {"LR_DS_B2": 512},
-    "b2_2048": {"LR_DS_B2": 2048},
-    "d2": {"LR_DS_DEPTH": 2},
-    "t128": {"LR_DS_THREADS": 128, "LR_DS_BLOCKS": 8},
+FAMILIES: dict[str, dict[str, dict[str, int]]] = {
+    "deepselect": {
+        "default": {},
+        "e16_b4": {"LR_DS_ELEMS": 16, "LR_DS_BLOCKS": 4},
+        "b4": {"LR_DS_BLOCKS": 4},
+        "b2_512": {"LR_DS_B2": 512},
+        "b2_2048": {"LR_DS_B2": 2048},
+        "d2": {"LR_DS_DEPTH": 2},
+        "t128": {"LR_DS_THREADS": 128, "LR_DS_BLOCKS": 8},
+    },
+    "split": {
+        "default": {},
+        "k64": {"LR_SPLIT_CACHE_KB": 64},
+        "c2": {"LR_SPLIT_CHUNK_CACHES": 2},
+        "c4_s1": {"LR_SPLIT_CHUNK_CACHES": 4, "LR_SPLIT_SHARE_DIV": 1},
+        "u8": {"LR_SPLIT_UNROLL": 8},
+        "t256": {"LR_SPLIT_THREADS": 256, "LR_SPLIT_BLOCKS": 4, "LR_SPLIT_CACHE_KB": 32},
+        "t1024": {"LR_SPLIT_THREADS": 1024, "LR_SPLIT_BLOCKS": 1, "LR_SPLIT_CACHE_KB": 192},
+    },
 }
 
-# Decode shapes: the decode suite's plain-decode steps of at most 64 rows (mixed lengths up to 163840).
-DECODE_MAX_ROWS = 64
+# The vLLM decode kernels whose best time is the split family's reference (see --against).
+VLLM_DECODE = ("vllm-decode", "vllm-persistent", "vllm-cooperative")
 
 # Upstream DeepSelect on an H200 (cold L2, CUDA graph), microseconds: (fp32, bf16), keyed by
 # (distribution, cols, rows, top_k).
@@ -75,21 +91,21 @@ UPSTREAM = {
 _P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 
 
-def build_variant(name: str, defines: dict[str, int], arch: str, out_dir: Path) -> Path:
+def build_variant(family: str, name: str, defines: dict[str, int], arch: str, out_dir: Path) -> Path:
     tc = build.toolchain()
-    lib = out_dir / f"deepselect-{name}-{arch}.so"
+    lib = out_dir / f"{family}-{name}-{arch}.so"
     cmd = [str(tc.nvcc), *build.FLAGS, build.gencode(arch), *(f"-D{k}={v}" for k, v in defines.items()),
-           "-o", str(lib), str(build.SOURCE_DIR / "deepselect.cu")]
+           "-o", str(lib), str(build.SOURCE_DIR / f"{family}.cu")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"variant {name}: nvcc failed:\n{proc.stderr[-2000:]}")
     return lib
 
 
-def build_all(names: list[str], arch: str, out_dir: Path) -> dict[str, Path]:
+def build_all(family: str, names: list[str], arch: str, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor() as pool:
-        futures = {n: pool.submit(build_variant, n, VARIANTS[n], arch, out_dir) for n in names}
+        futures = {n: pool.submit(build_variant, family, n, FAMILIES[family][n], arch, out_dir) for n in names}
         return {n: f.result() for n, f in futures.items()}
 
 
@@ -218,13 +234,25 @@ def control_matrix(recipe: synth.Recipe, dtype: torch.dtype):
     return x.to(dtype), s, e
 
 
-def decode_recipes() -> list[synth.Recipe]:
+def decode_recipes(max_rows: int) -> list[synth.Recipe]:
+    """The decode suite's batch shapes of at most `max_rows` rows (mixed lengths up to 163840)."""
     return [r for r in synth.recipes("decode", "full")
-            if isinstance(r, synth.DecodeRecipe) and r.group == "batch" and r.next_n == 1 and r.rows <= DECODE_MAX_ROWS]
+            if isinstance(r, synth.DecodeRecipe) and r.group == "batch" and r.rows <= max_rows]
+
+
+def best_vllm(report: Path) -> dict[str, float]:
+    """Per case id of a replay report: the best median of vLLM's decode kernels there."""
+    best: dict[str, float] = {}
+    for case in json.loads(report.read_text())["cases"]:
+        times = [r["timing"]["median_us"] for r in case["results"]
+                 if r["selector"].split("@")[0] in VLLM_DECODE and r["status"] == "ok" and r.get("timing")]
+        if times:
+            best[case["case_id"]] = min(times)
+    return best
 
 
 def timings(kernels: dict[str, Kernel], others: dict[str, Kernel], recipes: list[synth.Recipe],
-            protocol: TimingProtocol, failures: list[str]) -> list[dict]:
+            protocol: TimingProtocol, failures: list[str], against: dict[str, float]) -> list[dict]:
     bandwidth = measure_read_bandwidth(torch.device("cuda"))
     rows = []
     for recipe in recipes:
@@ -241,16 +269,21 @@ def timings(kernels: dict[str, Kernel], others: dict[str, Kernel], recipes: list
             # Verify the deepselect variants on this full-scale case too (checks 1-4).
             expected = expected_values(logits, s, e, recipe.top_k)
             # check_output reads only the case id from its case (the values were drawn here, not stored).
-            label = cast(Case, SimpleNamespace(case_id=f"{recipe.case_id}-{'bf16' if dtype == torch.bfloat16 else 'fp32'}"))
+            suffix = "bf16" if dtype == torch.bfloat16 else "fp32"
+            label = cast(Case, SimpleNamespace(case_id=f"{recipe.case_id}-{suffix}"))
             for name in kernels:
                 failures += [f"{name}: {f}" for f in check_output(label, logits, s, e, outs[name], expected)]
             key = (recipe.distribution, recipe.cols, recipe.rows, recipe.top_k)
             up = UPSTREAM.get(key)
+            # A bf16 decode case is held against vLLM on its fp32 twin (vLLM's kernels read fp32 only).
+            ref = against.get(recipe.case_id) if against else None if up is None else up[dtype == torch.bfloat16]
             rows.append({"case": recipe.case_id,
-                         "label": f"{recipe.distribution} {recipe.cols}x{recipe.rows} k{recipe.top_k}",
+                         "label": (f"decode b{recipe.batch} n{recipe.next_n} k{recipe.top_k}"
+                                   if isinstance(recipe, synth.DecodeRecipe)
+                                   else f"{recipe.distribution} {recipe.cols}x{recipe.rows} k{recipe.top_k}"),
                          "others": list(beside),
                          "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
-                         "upstream": None if up is None else up[dtype == torch.bfloat16],
+                         "upstream": ref,
                          "floor": int((e - s).sum()) * logits.element_size() / bandwidth * 1e6,
                          **{n: t[n].median_us for n in t}})
             del logits
@@ -261,7 +294,7 @@ def timings(kernels: dict[str, Kernel], others: dict[str, Kernel], recipes: list
 def print_table(rows: list[dict], names: list[str]) -> None:
     others = list(dict.fromkeys(o for r in rows for o in r["others"]))
     head = ["dtype", "floor", "upstream", *others, *names]
-    print("\nmedian us (cold L2, CUDA graph); last column: best variant / upstream")
+    print("\nmedian us (cold L2, CUDA graph); last column: best variant / reference (upstream or vLLM)")
     print(f"{'case (cols x rows)':>28} " + " ".join(f"{h[:10]:>10}" for h in head) + "  best/up")
     for r in rows:
         best = min(r[n] for n in names)
@@ -272,7 +305,8 @@ def print_table(rows: list[dict], names: list[str]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="names of VARIANTS, or of libraries in --prebuilt")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="deepselect", help="the kernel swept")
+    ap.add_argument("--variants", default=None, help="names of the family's variants (default: all)")
     ap.add_argument("--prebuilt", type=Path, help="folder of libraries from --build-only")
     ap.add_argument("--build-only", type=Path, help="build the variants into this folder and exit")
     ap.add_argument("--arch", default=None, help="target architecture (default: the current device's)")
@@ -280,36 +314,39 @@ def main() -> int:
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-controls", action="store_true", help="time no seed-controls shapes")
     ap.add_argument("--decode", action="store_true", help="also time the decode shapes (beside split)")
+    ap.add_argument("--decode-rows", type=int, default=64, help="the largest decode shape timed, in rows")
+    ap.add_argument("--against", type=Path, help="a replay report of the decode suite: the reference times")
     ap.add_argument("--full-protocol", action="store_true",
                     help="the replay protocol (25 warmups, 4 alternating rounds of 10) instead of a quick sweep")
     args = ap.parse_args()
-    names = args.variants.split(",")
+    family = args.family
+    names = args.variants.split(",") if args.variants else list(FAMILIES[family])
     arch = args.arch or build.device_arch()
     t0 = time.time()
     if args.build_only:
-        build_all(names, arch, args.build_only)
+        build_all(family, names, arch, args.build_only)
         print(f"built {len(names)} variants for {arch} in {time.time() - t0:.0f} s")
         return 0
     libs = {}
     if args.prebuilt:
         try:
-            libs = {n: args.prebuilt / f"deepselect-{n}-{arch}.so" for n in names}
+            libs = {n: args.prebuilt / f"{family}-{n}-{arch}.so" for n in names}
             for p in libs.values():
                 ctypes.CDLL(str(p))
         except OSError as e:
             print(f"prebuilt libraries unusable here ({e}); building")
             libs = {}
     if not libs:
-        libs = build_all(names, arch, Path(tempfile.mkdtemp(prefix="deepselect-variants-")))
+        libs = build_all(family, names, arch, Path(tempfile.mkdtemp(prefix=f"{family}-variants-")))
     print(f"libraries ready in {time.time() - t0:.0f} s", flush=True)
-    kernels = {n: Kernel(p, "deepselect") for n, p in libs.items()}
+    kernels = {n: Kernel(p, family) for n, p in libs.items()}
     others = {"native": Kernel(build.build("native", arch), "native")}
-    if args.decode:
+    if args.decode and family != "split":
         others["split"] = Kernel(build.build("split", arch), "split")
 
     device = torch.device("cuda")
     report: dict = {"environment": environment(device), "sm_clock_mhz": sm_clock_mhz(device),
-                    "variants": {n: VARIANTS.get(n) for n in names}}
+                    "family": family, "variants": {n: FAMILIES[family].get(n) for n in names}}
     all_failures: dict[str, list[str]] = {}
     for n, k in kernels.items():
         all_failures[n] = correctness(k)
@@ -318,9 +355,11 @@ def main() -> int:
     if not args.skip_timing:
         tfail: list[str] = []
         protocol = TimingProtocol() if args.full_protocol else TimingProtocol(warmup=5, rounds=2, samples_per_round=5)
-        recipes = ([] if args.skip_controls else synth.recipes("seed-controls", "full")) + (
-            decode_recipes() if args.decode else [])
-        rows = timings(kernels, others, recipes, protocol, tfail)
+        controls = not args.skip_controls and family != "split"
+        recipes = (synth.recipes("seed-controls", "full") if controls else []) + (
+            decode_recipes(args.decode_rows) if args.decode or family == "split" else [])
+        against = best_vllm(args.against) if args.against else {}
+        rows = timings(kernels, others, recipes, protocol, tfail, against)
         report["timings"] = rows
         report["full_scale_failures"] = tfail
         report["sm_clock_mhz_end"] = sm_clock_mhz(device)

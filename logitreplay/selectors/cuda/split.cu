@@ -11,31 +11,34 @@
 //   (so one captured graph stays valid when they change): the valid elements of all rows are cut into
 //   items of about total / grid elements (at least kMinChunk, at most what the shared-memory key cache
 //   holds), a row longer than that into several equal parts. With more rows, each row is one item.
-// - Blocks take items in order from a counter in the workspace, so a block that finished a short row
-//   takes the next item at once. A block loads its item's keys into shared memory once (with several
-//   16-byte loads in flight per thread; a whole row longer than the cache, possible only when rows are
-//   many, re-reads the rest), then resolves the k-th largest key digit by digit (fp32 keys: 11, 11 and
-//   10 bits; bf16: 11 and 5), stopping as soon as the threshold digit's bucket is taken whole. The first
-//   digit's histogram is built while loading.
+// - Blocks take items in order from a counter in the workspace, split rows' parts first (so that they
+//   start together), so a block that finished a short row takes the next item at once. A block loads
+//   its item's keys into shared memory once (with several 16-byte loads in flight per thread; a whole
+//   row longer than the cache, possible only when rows are many, re-reads the rest), then resolves the
+//   k-th largest key digit by digit (fp32 keys: 11, 11 and 10 bits; bf16: 11 and 5), stopping as soon
+//   as the threshold digit's bucket is taken whole. The first digit's histogram is built while loading.
 // - The parts of a split row add their histograms into the row's slot in the workspace and wait for
 //   each other at the slot's arrival counter (no grid-wide barrier: items of other rows go on), then all
-//   compute the same threshold. A last sweep writes every index above the threshold and the first ties
-//   reached, claiming output slots with one atomic per warp.
+//   compute the same threshold. Two last sweeps count and then write every index above the threshold and
+//   the first ties reached, with one pair of atomics per item reserving its output slots.
 // - The last part to leave a row zeroes its slot, and the last block to leave the launch resets the item
 //   counter, so the workspace is back to zero after every launch and the next launch (or graph replay)
 //   needs no clearing.
 // - Histograms are counted with a run-length combine per thread: rows concentrated in one bin (x + 100,
 //   x * 1e-8, ties) cost one shared-memory atomic per run instead of one per element.
 //
-// Deadlock freedom: items are taken in order, a row's parts are consecutive items and number at most the
-// grid, and a block waits only for the other parts of its current row. The earliest row still held by
-// some block has all its parts taken (else every held item would be one of its parts, more than the
-// grid), so all of them are on blocks that are running, and that row completes.
+// Deadlock freedom: items are taken in order, split rows' parts come first, a row's parts are
+// consecutive items and number at most the grid, and a block waits only for the other parts of its
+// current row (whole rows never wait). The earliest split row still held by some block has all its
+// parts taken (else every held item would be one of its parts, more than the grid), so all of them are on
+// blocks that are running, and that row completes.
 //
-// Measured and not used (bench/FIDELITY.md): finishing a split row's small threshold bucket in its last
-// part after one round, so that parts wait once (the finishing select then runs after every part has
-// left: up to 1.38x slower on 8-64 rows), and blocks of 256 threads, 4 per multiprocessor (up to 1.30x
-// slower on 1-64 rows, no faster above).
+// Measured and not used (bench/FIDELITY.md, bench/RESULTS.md): finishing a split row's small threshold
+// bucket in its last part after one round, so that parts wait once (up to 1.38x slower on 8-64 rows);
+// blocks of 256 threads, 4 per multiprocessor (up to 1.30x slower on 1-64 rows) or of 1024, one per
+// multiprocessor with a 192 KiB cache (1.1-1.3x slower); items of up to 2-8 caches' worth of keys,
+// re-reading the rest (up to 1.3x slower on 64-128 rows, at most 5% faster on 512); 8 loads in
+// flight instead of 4 (no faster); a warp vote per key when emitting (1.1x slower).
 //
 // Entry points, workspace and status: see topk_api.h.
 #include <atomic>
@@ -43,15 +46,38 @@
 #include "common.cuh"
 #include "topk_api.h"
 
+// Tunables, each overridable at build time (-DLR_SPLIT_CACHE_KB=... etc.) for the sweep of
+// bench/deepselect_tune.py --family split; bench/RESULTS.md has its measurements behind these values.
+#ifndef LR_SPLIT_THREADS
+#define LR_SPLIT_THREADS 512
+#endif
+#ifndef LR_SPLIT_BLOCKS
+#define LR_SPLIT_BLOCKS 2  // per multiprocessor: the register budget of __launch_bounds__
+#endif
+#ifndef LR_SPLIT_CACHE_KB
+#define LR_SPLIT_CACHE_KB 96  // an item's keys kept in shared memory: the most that leaves 2 blocks per SM
+#endif
+#ifndef LR_SPLIT_CHUNK_CACHES
+#define LR_SPLIT_CHUNK_CACHES 1  // an item's keys, in caches: the rest of a longer item is re-read per round
+#endif
+#ifndef LR_SPLIT_SHARE_DIV
+#define LR_SPLIT_SHARE_DIV 2  // with rows over grid / this, the plan spreads elements over grid / this
+#endif
+#ifndef LR_SPLIT_UNROLL
+#define LR_SPLIT_UNROLL 4  // 16-byte loads in flight per thread while an item is loaded
+#endif
+
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kBlocksPerSm = 2;        // the register budget of __launch_bounds__
-constexpr int kBins = 2048;            // 11-bit digits; shorter ones use the low bins
-constexpr int kCacheBytes = 64 << 10;  // an item's keys kept in shared memory
-constexpr int kMinChunk = 4096;        // below this, splitting costs more in barriers than it saves
-constexpr int kSplitRows = 1024;       // more rows than this fill the GPU whole: rows are not split
-constexpr int kLoadUnroll = 4;         // 16-byte loads in flight per thread while an item is loaded
+constexpr int kThreads = LR_SPLIT_THREADS;
+constexpr int kBlocksPerSm = LR_SPLIT_BLOCKS;
+constexpr int kBins = 2048;  // 11-bit digits; shorter ones use the low bins
+constexpr int kCacheBytes = LR_SPLIT_CACHE_KB << 10;
+constexpr int kChunkCaches = LR_SPLIT_CHUNK_CACHES;
+constexpr int kShareDiv = LR_SPLIT_SHARE_DIV;
+constexpr int kLoadUnroll = LR_SPLIT_UNROLL;
+constexpr int kMinChunk = 4096;   // below this, splitting costs more in barriers than it saves
+constexpr int kSplitRows = 1024;  // more rows than this fill the GPU whole: rows are not split
 constexpr int kMaxTopK = 1 << 20;      // output goes straight to global memory: no slot staging limit
 constexpr int kSlotHist = 5 * 1024;    // words of a slot's histograms: 2048 + 2048 + 1024 (fp32)
 
@@ -90,8 +116,8 @@ static_assert(sizeof(Work) == 256, "the item counter is 256 bytes");
 struct Slot {
   uint32_t hist[kSlotHist];  // the digit histograms of the whole row, round j at j * kBins
   uint32_t arrive;           // arrivals: parts per round passed, plus one per part leaving
-  uint32_t count;            // output slots claimed
-  uint32_t ties;             // equal keys taken
+  uint32_t count;            // keys above the threshold counted so far
+  uint32_t ties;             // keys equal to it counted so far
   uint32_t reserved[61];
 };
 
@@ -150,11 +176,17 @@ struct Split {
 
   struct Smem {
     uint32_t hist[kBins];
-    int first[kSplitRows + 1];  // the plan: row r's parts are items first[r] .. first[r + 1] - 1
+    // The plan: split rows' parts come first, row r's are items first[r] .. first[r + 1] - 1 (equal
+    // bounds for a whole row); whole rows follow, row r is item splits + whole[r] (whole[r + 1] is then
+    // whole[r] + 1, equal for a split row).
+    int first[kSplitRows + 1];
+    int whole[kSplitRows + 1];
+    int splits;  // items that are parts of split rows
     unsigned long long scratch[kThreads / lr::kWarp];
     lr::ScanScratch<kThreads> scan;
     int items, chunk, item;
-    uint32_t count, ties;  // a whole row's output slots and ties taken
+    uint32_t count, ties;  // a whole row's keys above the threshold and equal to it, counted so far
+    uint32_t base, tie_base;  // an item's first output slot for its keys above, its first tie's rank
     int last;              // this block is the last to leave its split row
   };
 
@@ -184,7 +216,10 @@ struct Split {
   __device__ static void plan(const int* row_starts, const int* row_ends, int rows, int top_k, Smem& s) {
     const int tid = threadIdx.x;
     if (rows > kSplitRows) {
-      if (tid == 0) s.items = rows;
+      if (tid == 0) {
+        s.items = rows;
+        s.splits = 0;
+      }
       __syncthreads();
       return;
     }
@@ -201,10 +236,11 @@ struct Split {
     block_exclusive_sum<kThreads>(mine, s.scratch, total);
     // Rows fewer than half the grid leave the rest of it for their parts: at most grid items in all.
     const long long grid = gridDim.x;
-    const long long share = grid - rows > grid / 2 ? grid - rows : grid / 2;
+    const long long share = grid - rows > grid / kShareDiv ? grid - rows : grid / kShareDiv;
     long long chunk = (static_cast<long long>(total) + share - 1) / share;
-    chunk = chunk < kMinChunk ? kMinChunk : chunk > kCache ? kCache : chunk;
-    unsigned long long parts_mine = 0;
+    constexpr long long kMaxChunk = static_cast<long long>(kChunkCaches) * kCache;
+    chunk = chunk < kMinChunk ? kMinChunk : chunk > kMaxChunk ? kMaxChunk : chunk;
+    unsigned long long split_mine = 0, whole_mine = 0;
     int parts[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -212,28 +248,39 @@ struct Split {
                           : len[j] > top_k && len[j] > chunk ? (len[j] + chunk - 1) / chunk
                                                              : 1;
       parts[j] = static_cast<int>(p < grid ? p : grid);
-      parts_mine += parts[j];
+      split_mine += parts[j] > 1 ? parts[j] : 0;
+      whole_mine += parts[j] == 1;
     }
-    unsigned long long items = 0;
-    int at = static_cast<int>(block_exclusive_sum<kThreads>(parts_mine, s.scratch, items));
+    // Split rows first: their parts then start together, in the first wave of blocks, instead of
+    // waiting for each other behind whole rows taken in between.
+    unsigned long long splits = 0, wholes = 0;
+    int at = static_cast<int>(block_exclusive_sum<kThreads>(split_mine, s.scratch, splits));
+    int wat = static_cast<int>(block_exclusive_sum<kThreads>(whole_mine, s.scratch, wholes));
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int r = tid * kPer + j;
-      if (r < rows) s.first[r] = at;
-      at += parts[j];
+      if (r < rows) {
+        s.first[r] = at;
+        s.whole[r] = wat;
+      }
+      at += parts[j] > 1 ? parts[j] : 0;
+      wat += parts[j] == 1;
     }
     if (tid == 0) {
-      s.first[rows] = static_cast<int>(items);
-      s.items = static_cast<int>(items);
+      s.first[rows] = static_cast<int>(splits);
+      s.whole[rows] = static_cast<int>(wholes);
+      s.splits = static_cast<int>(splits);
+      s.items = static_cast<int>(splits + wholes);
     }
     __syncthreads();
   }
 
-  // Every part has added its round-j histogram to the slot: arrive and wait for the others.
+  // Every part has added its round-j histogram to the slot: arrive and wait for the others. One fence by
+  // the arriving thread after the barrier covers the whole block's atomics (fences are cumulative).
   __device__ static void arrive_and_wait(Slot* slot, uint32_t target) {
-    __threadfence();  // this thread's histogram atomics are visible before the arrival
     __syncthreads();
     if (threadIdx.x == 0) {
+      __threadfence();
       atomicAdd(&slot->arrive, 1u);
       while (*reinterpret_cast<volatile uint32_t*>(&slot->arrive) < target) {
       }
@@ -309,16 +356,44 @@ struct Split {
       if (need == t.count) break;  // the whole bucket is selected
     }
 
-    // Emit: every key above the threshold, and the first `need` equal to it (over all parts).
+    // Emit: every key above the threshold, and the first `need` equal to it (over all parts). The row's
+    // keys above fill output slots [0, top_k - need), its ties taken the `need` after them. A first pass
+    // counts this thread's keys above and equal, two independent atomics reserve the item's share of
+    // each, and a second pass writes them where the block's prefix sum puts them. Claiming slots per warp
+    // instead would be a round trip to global memory for every warp that takes a key. (A warp vote per
+    // key, to make each store instruction write consecutive slots, measured slower.)
+    uint32_t above = 0, equal = 0;
+    for_each_key(cache, src, n, [&](uint32_t key, int) {
+      const uint32_t m = key & mask;
+      above += m > prefix;
+      equal += m == prefix;
+    });
+    unsigned long long both = 0;  // above in the high word, equal in the low one (at most n each: no carry)
+    const unsigned long long before = block_exclusive_sum<kThreads>(
+        static_cast<unsigned long long>(above) << 32 | equal, s.scratch, both);
+    if (tid == 0) {
+      s.base = atomicAdd(count, static_cast<uint32_t>(both >> 32));
+      s.tie_base = atomicAdd(ties, static_cast<uint32_t>(both));  // equal keys the row's other parts had
+    }
+    __syncthreads();
+    uint32_t at = s.base + static_cast<uint32_t>(before >> 32);  // this thread's next slot for a key above
+    uint32_t tie = s.tie_base + static_cast<uint32_t>(before);   // its next equal key's rank in the row
+    int* const tie_out = out_row + (static_cast<uint32_t>(top_k) - need);
     for_each_key(cache, src, n, [&](uint32_t key, int i) {
       const uint32_t m = key & mask;
-      const bool take = m > prefix || (m == prefix && lr::claim(ties) < need);
-      if (take) out_row[lr::claim(count)] = lo + i;
+      if (m > prefix) {
+        out_row[at++] = lo + i;
+      } else if (m == prefix) {
+        if (tie < need) tie_out[tie] = lo + i;
+        ++tie;
+      }
     });
     if (!split) return;
-    __threadfence();
     __syncthreads();
-    if (tid == 0) s.last = atomicAdd(&slot->arrive, 1u) == static_cast<uint32_t>(parts * (rounds + 1) - 1);
+    if (tid == 0) {
+      __threadfence();
+      s.last = atomicAdd(&slot->arrive, 1u) == static_cast<uint32_t>(parts * (rounds + 1) - 1);
+    }
     __syncthreads();
     if (s.last) {  // every other part has left: clear the slot for the next launch
       lr::smem_fill<kThreads>(slot->hist, rounds * kBins < kSlotHist ? rounds * kBins : kSlotHist, 0u);
@@ -344,15 +419,18 @@ __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
     const int i = s.item;
     if (i >= s.items) break;
     int row = i, part = 0, parts = 1;
-    if (!whole) {  // the row whose items include i: the last r with first[r] <= i
+    if (!whole) {  // the row whose items include i: the last r whose bound is at most i's place
+      const bool split = i < s.splits;
+      const int* bound = split ? s.first : s.whole;
+      const int at = split ? i : i - s.splits;
       int lo = 0, hi = rows;
       while (hi - lo > 1) {
         const int mid = (lo + hi) / 2;
-        if (s.first[mid] <= i) lo = mid; else hi = mid;
+        if (bound[mid] <= at) lo = mid; else hi = mid;
       }
       row = lo;
-      part = i - s.first[row];
-      parts = s.first[row + 1] - s.first[row];
+      part = split ? at - bound[row] : 0;
+      parts = split ? bound[row + 1] - bound[row] : 1;
     }
     S::item(row, part, parts, logits, row_stride, row_starts, row_ends, top_k, out, out_stride, slots, status, s,
             cache);
