@@ -1,4 +1,4 @@
-"""The reference selector and the CPU models of native and DeepSelect meet the selection semantics on
+"""The reference selector and the CPU models of native, DeepSelect and split meet the selection semantics on
 any shape, bounds, k, dtype and value distribution (hypothesis), and the models' work counters show
 what the algorithms are known to do."""
 
@@ -95,6 +95,33 @@ def test_deepselect_work_barely_depends_on_distribution() -> None:
     works = [models.deepselect_topk(*_rows(v, 4, 16384), 512)[1] for v in (x, x + 100, x * np.float32(1e-8))]
     assert len({int(w.compactions.sum()) for w in works}) == 1
     assert len({int(w.appended.sum()) for w in works}) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(-5, 200_000), min_size=1, max_size=1100), top_k=st.sampled_from([1, 512, 2048]),
+       key_bytes=st.sampled_from([2, 4]))
+def test_split_plan_keeps_the_kernels_invariants(lengths: list[int], top_k: int, key_bytes: int) -> None:
+    """What split.cu relies on: every row is at least one item and at most the grid (the deadlock
+    argument), a part never holds more keys than the cache (no re-reads), only rows longer than top_k
+    are cut, and above SPLIT_ROWS rows nothing is."""
+    n = np.array(lengths)
+    parts = models.split_plan(n, top_k, key_bytes)
+    valid = np.clip(n, 0, None)
+    assert parts.shape == n.shape and (parts >= 1).all() and (parts <= models.SPLIT_GRID).all()
+    if n.size > models.SPLIT_ROWS:
+        assert (parts == 1).all()
+        return
+    cut = parts > 1
+    assert (valid[cut] > top_k).all()
+    cache = models.SPLIT_CACHE_BYTES // key_bytes
+    each = -(-valid[cut] // parts[cut])
+    assert (each <= cache).all() or (parts[cut][each > cache] == models.SPLIT_GRID).all()
+
+
+def test_split_plan_spreads_a_lone_long_row_and_keeps_short_rows_whole() -> None:
+    parts = models.split_plan(np.array([131072, 1024, 3000]), 2048)
+    assert parts[0] == 131072 // models.SPLIT_MIN_CHUNK  # the grid is idle: parts of the smallest chunk
+    assert list(parts[1:]) == [1, 1]  # not longer than top_k / than a chunk
 
 
 def test_block_order_is_a_fixed_permutation() -> None:

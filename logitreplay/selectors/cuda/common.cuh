@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "topk_api.h"
 
 // The argument checks of topk_api.h, made by every family's lr_<family>_topk before it launches anything.
@@ -29,6 +31,22 @@ inline int lr_check_args(const void* logits, int dtype, long long row_stride, co
 namespace lr {
 
 constexpr int kWarp = 32;
+
+// Let `Kernel` use `bytes` of dynamic shared memory on the current device: above 48 KiB a kernel must opt
+// in, and the attribute belongs to the (kernel, device) pair, so it is set once per device and
+// remembered (devices 0-63). Not a stream operation, so also safe while a graph is being captured.
+// False when the device cannot be queried or refuses.
+template <auto Kernel>
+bool allow_smem(int bytes) {
+  static std::atomic<uint64_t> allowed{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
+  const uint64_t bit = 1ull << device;
+  if (allowed.load() & bit) return true;
+  if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return false;
+  allowed.fetch_or(bit);
+  return true;
+}
 
 // ------------------------------------------------------------------------------ order-preserving keys
 // A larger float maps to a larger unsigned key, so selection by value becomes selection by key and ties

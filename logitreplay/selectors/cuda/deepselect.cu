@@ -28,7 +28,6 @@
 // is also why bulk (TMA) copies into shared memory were not pursued.
 //
 // Entry points, workspace and status: see topk_api.h.
-#include <atomic>
 
 #include "common.cuh"
 #include "topk_api.h"
@@ -296,18 +295,7 @@ int launch(const void* logits, long long row_stride, const int* row_starts, cons
            int* out, long long out_stride, LrStatus* status, cudaStream_t stream) {
   using D = DeepSelect<T, K_MAX, WIDE>;
   constexpr int kSmem = static_cast<int>(sizeof(typename D::Smem));
-  // Above 48 KB a kernel must opt in, once per device; not a stream operation, so it is also safe
-  // while a graph is being captured (and is done by the first, uncaptured, call in practice).
-  static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return LR_ELAUNCH;
-  const uint64_t bit = 1ull << (device % 64);
-  if (!(opted_in.load() & bit)) {
-    if (cudaFuncSetAttribute(deepselect_kernel<T, K_MAX, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmem) != cudaSuccess)
-      return LR_ELAUNCH;
-    opted_in.fetch_or(bit);
-  }
+  if (!lr::allow_smem<deepselect_kernel<T, K_MAX, WIDE>>(kSmem)) return LR_ELAUNCH;
   deepselect_kernel<T, K_MAX, WIDE><<<rows, D::kThreads, kSmem, stream>>>(
       static_cast<const T*>(logits), row_stride, row_starts, row_ends, top_k, out, out_stride, status);
   return cudaGetLastError() == cudaSuccess ? LR_OK : LR_ELAUNCH;

@@ -186,12 +186,10 @@ __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restri
   for (int i = threadIdx.x; i < top_k; i += kThreads) out_row[i] = slots[i];
 }
 
-// Dynamic shared memory above the default 48 KiB must be allowed once per kernel instantiation.
+// The output slots' dynamic shared memory, up to kMaxTopK of them.
 template <typename T>
 bool allow_slots() {
-  static const bool ok = cudaFuncSetAttribute(native_topk_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              kMaxTopK * static_cast<int>(sizeof(int))) == cudaSuccess;
-  return ok;
+  return lr::allow_smem<native_topk_kernel<T>>(kMaxTopK * static_cast<int>(sizeof(int)));
 }
 
 }  // namespace
