@@ -38,8 +38,9 @@
 // blocks of 256 threads, 4 per multiprocessor (up to 1.30x slower on 1-64 rows) or of 1024, one per
 // multiprocessor with a 192 KiB cache (1.1-1.3x slower); items of up to 2-8 caches' worth of keys,
 // re-reading the rest (up to 1.3x slower on 64-128 rows, at most 5% faster on 512); 8 loads in
-// flight instead of 4 (no faster); when emitting, a warp vote per key (1.1x slower) or one pass with
-// shared-memory slot counters (up to 1.18x slower).
+// flight instead of 4 (no faster); when emitting, a warp vote per key (1.1x slower), one pass with
+// shared-memory slot counters (up to 1.18x slower), or staging the item's slots in shared memory to
+// store them coalesced (0.97-1.04x: the emit is bound by its passes over the cache, not by its stores).
 //
 // Entry points, workspace and status: see topk_api.h.
 #include <atomic>
