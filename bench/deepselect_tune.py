@@ -2,8 +2,9 @@
 
 Each variant is the family's source (`deepselect.cu` by default, `split.cu` with --family split) built
 with some of its compile-time overrides (DeepSelect: `-DLR_DS_THREADS=...`, `LR_DS_ELEMS`, `LR_DS_B2`,
-`LR_DS_BLOCKS`, see the Config comment in the source; split: `LR_SPLIT_CHUNK_CACHES`,
-`LR_SPLIT_SHARE_DIV`, `LR_SPLIT_CACHE_KB`, see the constants at its top). For every variant:
+`LR_DS_BLOCKS`, see the Config comment in the source; split: `LR_SPLIT_THREADS`, `LR_SPLIT_BLOCKS`,
+`LR_SPLIT_CACHE_KB`, `LR_SPLIT_CHUNK_CACHES`, `LR_SPLIT_SHARE_DIV`, `LR_SPLIT_UNROLL`, see the tunables
+at its top). For every variant:
 1. correctness: every case of the stress suite (small scale) through the replay checks 1-4, a graph
    replayed after its row ends changed in place (check 5), and the NaN status flag;
 2. timing: the seed-controls shapes at full scale (fp32 and bf16, values drawn on the GPU with the
@@ -275,8 +276,10 @@ def timings(kernels: dict[str, Kernel], others: dict[str, Kernel], recipes: list
                 failures += [f"{name}: {f}" for f in check_output(label, logits, s, e, outs[name], expected)]
             key = (recipe.distribution, recipe.cols, recipe.rows, recipe.top_k)
             up = UPSTREAM.get(key)
-            # A bf16 decode case is held against vLLM on its fp32 twin (vLLM's kernels read fp32 only).
-            ref = against.get(recipe.case_id) if against else None if up is None else up[dtype == torch.bfloat16]
+            if against:  # a bf16 decode case against vLLM on its fp32 twin (vLLM's kernels read fp32 only)
+                ref = against.get(recipe.case_id)
+            else:
+                ref = None if up is None else up[dtype == torch.bfloat16]
             rows.append({"case": recipe.case_id,
                          "label": (f"decode b{recipe.batch} n{recipe.next_n} k{recipe.top_k}"
                                    if isinstance(recipe, synth.DecodeRecipe)

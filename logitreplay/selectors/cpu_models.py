@@ -36,7 +36,6 @@ from logitreplay.archive import Case
 
 NATIVE_BINS = 2048
 NATIVE_FINAL_ITEMS = 2048
-_NATIVE_PASSES = 4  # one fp16 pass, then fp32 bits 31-21, 20-10, 9-0
 # The split kernel's plan (split.cu) on an H200: its grid (132 SMs, 2 blocks each), smallest chunk, key
 # cache and the most rows it splits.
 SPLIT_GRID = 264

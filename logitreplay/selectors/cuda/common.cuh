@@ -1,8 +1,8 @@
-// Device primitives shared by the bundled top-k kernels (native.cu, deepselect.cu), and the host-side
-// argument check of their C interface (declared and documented in topk_api.h). Kept in one header, as
-// DeepGEMM does, so that the parts both kernels need (order-preserving keys, block histograms and scans,
-// the shared-memory select of a candidate set, -1 tails, NaN reporting) exist once and behave
-// identically in both.
+// Device primitives shared by the bundled top-k kernels (native.cu, deepselect.cu, split.cu), and the
+// host-side argument check and shared-memory opt-in of their C interface (declared and documented in
+// topk_api.h). Kept in one header, as DeepGEMM does, so that the parts several kernels need
+// (order-preserving keys, block histograms and scans, the shared-memory select of a candidate set, slot
+// claims, row traversal, -1 tails and short rows, NaN reporting) exist once and behave identically.
 #pragma once
 
 #include <cooperative_groups.h>

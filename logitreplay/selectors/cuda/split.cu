@@ -186,7 +186,7 @@ struct Split {
     int splits;  // items that are parts of split rows
     unsigned long long scratch[kThreads / lr::kWarp];
     lr::ScanScratch<kThreads> scan;
-    int items, chunk, item;
+    int items, item;  // items in the plan; the one this block holds
     uint32_t count, ties;  // a whole row's keys above the threshold and equal to it, counted so far
     uint32_t base, tie_base;  // an item's first output slot for its keys above, its first tie's rank
     int last;              // this block is the last to leave its split row
@@ -214,7 +214,7 @@ struct Split {
       lr::for_each_in_row<kThreads>(src + kCache, n - kCache, [&](float x, int i) { f(K::key(x), kCache + i); });
   }
 
-  // The plan (see the header comment), made by every block alike: s.items, s.chunk and s.first.
+  // The plan (see the header comment), made by every block alike: s.items, s.splits, s.first, s.whole.
   __device__ static void plan(const int* row_starts, const int* row_ends, int rows, int top_k, Smem& s) {
     const int tid = threadIdx.x;
     if (rows > kSplitRows) {

@@ -19,8 +19,8 @@
 //     that the caller zeroes once, whole (e.g. when allocating): a family may keep state there that must
 //     start at zero (split's cross-block counters), and every launch leaves that state zeroed again.
 //     It starts with an LrStatus header; kernels only OR flags into it (LR_STATUS_NAN: some row held a
-//     NaN inside its bounds; the output of such a row is then unspecified but still in range). Reading it is the caller's business (after a synchronize),
-//     so the launch itself never syncs.
+//     NaN inside its bounds; the output of such a row is then unspecified but still in range). Reading
+//     it is the caller's business (after a synchronize), so the launch itself never syncs.
 //   - stream: the CUDA stream to launch on (the caller's current stream).
 //   Nothing is allocated, cells outside a row's bounds are never read, and nothing outside
 //   out[r * out_stride + 0 .. top_k) is written.
