@@ -97,6 +97,47 @@ def test_deepselect_work_barely_depends_on_distribution() -> None:
     assert len({int(w.appended.sum()) for w in works}) == 1
 
 
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=64))
+def test_split_coarse_bins_are_ordered_intervals_of_keys(keys: list[int]) -> None:
+    """What split.cu's select relies on: a larger key never gets a lower bin, and every key lies in its
+    bin's [lo, hi], so the bins above the threshold bin hold only keys above its hi."""
+    k = torch.tensor(sorted(keys), dtype=torch.int64)
+    bins = models.split_coarse_bin(k)
+    lo, hi = models.split_coarse_range(bins)
+    assert bool((bins.diff() >= 0).all()) and bool(((bins >= 0) & (bins < 2048)).all())
+    assert bool(((lo <= k) & (k <= hi)).all())
+    nxt_lo, _ = models.split_coarse_range((bins + 1).clamp(max=2047))
+    assert bool((torch.where(bins < 2047, nxt_lo, hi + 1) == hi + 1).all()), "bins tile the keys"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [3, 400])
+def test_split_lists_spread_values_and_resolves_concentrated_ones_digit_by_digit(dtype: torch.dtype,
+                                                                                 rows: int) -> None:
+    """Normal scores leave a small coarse bucket, which every block of a row lists. With few rows, split over the
+    idle grid, a row's parts resolve it together in one more round; with more items than blocks, whole
+    rows and the last part of a split row finish it alone after the first round. x + 100 and x * 1e-8
+    fill the bucket, which is then resolved over the cached keys, digit by digit."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((rows, 60000)).astype(np.float32)
+    ends = torch.from_numpy(rng.integers(3000, 40000, rows).astype(np.int32))
+    ends[0] = 60000  # longer than the key cache (24K fp32 keys, 48K bf16): split however many rows
+    for values, listed in ((x, True), (x + np.float32(100), False), (x * np.float32(1e-8), False)):
+        logits = torch.from_numpy(values).to(dtype)
+        idx, work = models.split_topk(logits, torch.zeros(rows, dtype=torch.int32), ends, 2048)
+        assert work.parts[0] > 1 and (work.parts.sum() > models.SPLIT_GRID) == (rows > 3)
+        if listed:  # a bucket the first round takes whole (need == its count) is not listed
+            assert ((work.listed == work.parts) | (work.listed == 0)).all() and (work.listed > 0).mean() > 0.7
+            assert (work.rounds <= (2 if rows == 3 else 1)).all() and work.rounds.max() == (2 if rows == 3 else 1)
+        elif dtype == torch.float32:  # (bf16 has 4 values per bin at most: its buckets may be small)
+            assert (work.listed == 0).all() and (work.rounds >= 2).all()
+        for r in range(0, rows, 37):
+            n = int(ends[r])
+            expected = torch.topk(logits[r, :n].float(), 2048).values.sort().values
+            assert torch.equal(logits[r, idx[r].long()].float().sort().values, expected)
+
+
 @settings(max_examples=200, deadline=None)
 @given(lengths=st.lists(st.integers(-5, 200_000), min_size=1, max_size=1100), top_k=st.sampled_from([1, 512, 2048]),
        key_bytes=st.sampled_from([2, 4]))

@@ -16,9 +16,14 @@ most `_CHUNK_CELLS` cells; within a chunk every step is a whole-tensor operation
   `DEEPSELECT_BLOCK` elements are visited in a fixed pseudo-random order; elements > T are appended to a
   candidate buffer; when the buffer reaches k + `DEEPSELECT_SLACK` it is cut back to its k largest and T
   becomes the k-th value. A final select of the buffer gives the result. Every element is read once.
-- `split_topk`: the split kernel's digit-by-digit radix select (fp32 keys 11, 11 and 10 bits; bf16 11
-  and 5), each row stopping once its threshold digit's bucket is taken whole; its work also says how many
-  blocks the kernel's plan cuts each row into (`split_plan`, for an H200's grid).
+- `split_topk`: the split kernel's select. A first round bins every key by magnitude (`split_coarse_bin`:
+  32 bins per octave of |x| in [2^-16, 2^16)); the bucket holding the k-th largest key is then resolved
+  11 bits a round, each row stopping once its threshold digit's bucket is taken whole or holds one key
+  value. A whole row (or, when the launch has more items than blocks, a split row) whose bucket has at
+  most `SPLIT_LISTED` (`SPLIT_SLOT_LISTED`) keys finishes it with a shared-memory select after the first
+  round instead. Its work also says how many blocks the kernel's plan cuts each row into (`split_plan`,
+  for an H200's grid) and how many of them listed their bucket (swept a short list instead of their
+  cached keys in later rounds).
 
 All compare values through order-preserving integer keys, as the kernels do, so ties and signed zeros
 behave like the kernels' bit patterns.
@@ -42,6 +47,9 @@ SPLIT_GRID = 264
 SPLIT_MIN_CHUNK = 4096
 SPLIT_CACHE_BYTES = 96 << 10
 SPLIT_ROWS = 1024
+SPLIT_LISTED = 1024       # the coarse bucket keys an item lists in shared memory
+SPLIT_SLOT_LISTED = 3072  # a split row's, in its workspace slot, when its last part finishes it alone
+_SPLIT_WINDOW = (127 - 16) << 5  # split's coarse bins: (exponent, top 5 mantissa bits) of 2^-16
 DEEPSELECT_BLOCK = 512
 DEEPSELECT_SLACK = 1024
 _CHUNK_CELLS = 1 << 22
@@ -70,11 +78,13 @@ class DeepSelectWork:
 
 @dataclass
 class SplitWork:
-    """Per-row work of the split model: the digit `rounds` (1-3 for fp32, 1-2 for bf16; 0 when the row
-    had <= k elements and was copied whole) and the blocks (`parts`) the row was cut into."""
+    """Per-row work of the split model: the histogram `rounds` (the coarse one, then up to 3 digits for
+    fp32 and 2 for bf16; 0 when the row had <= k elements and was copied whole), the blocks (`parts`) the
+    row was cut into, and how many of them `listed` its coarse bucket."""
 
     rounds: np.ndarray
     parts: np.ndarray
+    listed: np.ndarray
 
 
 def f32_key(x: torch.Tensor) -> torch.Tensor:
@@ -114,31 +124,32 @@ def _with_tails(rel: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
     return torch.where(slot < need.unsqueeze(1), rel, -1).to(torch.int32)
 
 
-def _chunked(chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]], logits: torch.Tensor,
-             row_starts: torch.Tensor, row_ends: torch.Tensor, top_k: int
-             ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-    """Run a model chunk function over row chunks of a (rows, cols) CPU matrix (bounded scratch memory);
-    returns the int32 (rows, top_k) indices and the two per-row work counters it reports."""
+def _chunked(chunk: Callable[..., tuple[torch.Tensor, ...]], logits: torch.Tensor, row_starts: torch.Tensor,
+             row_ends: torch.Tensor, top_k: int, *per_row: torch.Tensor) -> tuple[torch.Tensor, list[np.ndarray]]:
+    """Run a model chunk function over row chunks of a (rows, cols) CPU matrix (bounded scratch memory),
+    passing it the chunk's slice of each `per_row` tensor after top_k; returns the int32 (rows, top_k)
+    indices and the per-row work counters it reports, as numpy arrays."""
     rows, cols = logits.shape
     out = torch.empty((rows, top_k), dtype=torch.int32)
-    first = np.zeros(rows, dtype=np.int64)
-    second = np.zeros(rows, dtype=np.int64)
+    counters: list[np.ndarray] = []
     for r0, r1 in _chunks(rows, cols):
         ends = row_ends[r0:r1].to(torch.int64)
         # Only the columns before the chunk's last row end: a decode row is a few K of a 163840-wide
         # row, and the poisoned cells past every end are never looked at.
         width = min(cols, max(1, int(ends.max())))
-        idx, a, b = chunk(logits[r0:r1, :width].float(), row_starts[r0:r1].to(torch.int64), ends, top_k)
+        idx, *work = chunk(logits[r0:r1, :width].float(), row_starts[r0:r1].to(torch.int64), ends, top_k,
+                           *(t[r0:r1] for t in per_row))
         out[r0:r1] = idx
-        first[r0:r1] = a.numpy()
-        second[r0:r1] = b.numpy()
-    return out, first, second
+        counters = counters or [np.zeros(rows, dtype=np.int64) for _ in work]
+        for c, w in zip(counters, work, strict=True):
+            c[r0:r1] = w.numpy()
+    return out, counters
 
 
 def native_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                 top_k: int) -> tuple[torch.Tensor, NativeWork]:
     """Run the native model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
-    out, passes, final = _chunked(_native_chunk, logits, row_starts, row_ends, top_k)
+    out, (passes, final) = _chunked(_native_chunk, logits, row_starts, row_ends, top_k)
     return out, NativeWork(passes, final)
 
 
@@ -153,15 +164,24 @@ def _digit(shift: int, bits: int) -> Callable[[torch.Tensor, torch.Tensor], tupl
 
 # native: the fp16 pass, then fp32 bits 31-21, 20-10 and 9-0.
 _NATIVE_STEPS = [lambda x, key: (f16_bin(x), NATIVE_BINS), _digit(21, 11), _digit(10, 11), _digit(0, 10)]
-# split: fp32 keys digit by digit (11, 11, 10 bits); bf16 values carry 16 bits (11, then 5).
-_SPLIT_STEPS = {torch.float32: [_digit(21, 11), _digit(10, 11), _digit(0, 10)],
-                torch.bfloat16: [_digit(21, 11), _digit(16, 5)]}
 
 
 def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
                   top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _radix_chunk(x, starts, ends, top_k, _NATIVE_STEPS,
                         lambda in_bin, remaining: in_bin <= NATIVE_FINAL_ITEMS)
+
+
+def _threshold_bins(slot: torch.Tensor, nbins: int, remaining: torch.Tensor,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row, the threshold bin of an (n, cols) tensor of bins (`nbins` marks cells not counted): the
+    highest bin whose count from the top reaches `remaining`, the count above it and its own count."""
+    n = slot.shape[0]
+    hist = torch.zeros((n, nbins + 1), dtype=torch.int64).scatter_add_(1, slot, torch.ones_like(slot))[:, :nbins]
+    at_or_above = hist.flip(1).cumsum(1).flip(1)
+    t = ((at_or_above >= remaining.unsqueeze(1)).sum(1) - 1).clamp(min=0)
+    above = torch.cat([at_or_above, at_or_above.new_zeros((n, 1))], 1).gather(1, (t + 1).unsqueeze(1)).squeeze(1)
+    return t, above, hist.gather(1, t.unsqueeze(1)).squeeze(1)
 
 
 def _radix_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int,
@@ -188,17 +208,11 @@ def _radix_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_
             break
         b, nbins = bins(x, key)
         slot = torch.where(cand & active.unsqueeze(1), b, nbins).to(torch.int64)  # bin nbins: the rest
-        hist = torch.zeros((n, nbins + 1), dtype=torch.int64).scatter_add_(1, slot, torch.ones_like(slot))
-        hist = hist[:, :nbins]
-        at_or_above = hist.flip(1).cumsum(1).flip(1)
-        # The threshold bin: the highest bin whose count from the top reaches what is still needed.
-        t = ((at_or_above >= remaining.unsqueeze(1)).sum(1) - 1).clamp(min=0)
-        above = torch.cat([at_or_above, at_or_above.new_zeros((n, 1))], 1).gather(1, (t + 1).unsqueeze(1))
-        in_bin = hist.gather(1, t.unsqueeze(1)).squeeze(1)
+        t, above, in_bin = _threshold_bins(slot, nbins, remaining)
         a = active.unsqueeze(1)
         emitted |= a & cand & (b > t.unsqueeze(1))
         cand = torch.where(a, cand & (b == t.unsqueeze(1)), cand)
-        remaining = torch.where(active, remaining - above.squeeze(1), remaining)
+        remaining = torch.where(active, remaining - above, remaining)
         passes = torch.where(active, step + 1, passes)
         done = active & (finished(in_bin, remaining) | (step == len(steps) - 1))
         final = torch.where(done, in_bin, final)
@@ -221,18 +235,95 @@ def split_plan(lengths: np.ndarray, top_k: int, key_bytes: int = 4, grid: int = 
     return np.where((lengths > top_k) & (lengths > chunk), np.minimum(-(-lengths // chunk), grid), 1)
 
 
+def split_coarse_bin(key: torch.Tensor) -> torch.Tensor:
+    """split's first digit: the coarse bin (0-2047) of the uint32 order key (int64 tensor), sign, 5
+    exponent and 5 mantissa bits of |x| in [2^-16, 2^16), magnitudes outside in the outermost bins."""
+    positive = key >> 31
+    magnitude = torch.where(positive == 1, key, ~key) & 0x7FFFFFFF
+    f = ((magnitude >> 18) - _SPLIT_WINDOW).clamp(0, 1023)
+    return torch.where(positive == 1, 1024 + f, 1023 - f)
+
+
+def split_coarse_range(bin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uint32 keys [lo, hi] of split's coarse bins (int64 tensors)."""
+    f = torch.where(bin >= 1024, bin - 1024, 1023 - bin)
+    lo = torch.where(f == 0, 0, (_SPLIT_WINDOW + f) << 18)
+    hi = torch.where(f == 1023, 0x7FFFFFFF, ((_SPLIT_WINDOW + f + 1) << 18) - 1)
+    return torch.where(bin >= 1024, lo | 2**31, ~hi & 0x7FFFFFFF), torch.where(bin >= 1024, hi | 2**31, ~lo & 0x7FFFFFFF)
+
+
+def _bit_length(x: torch.Tensor) -> torch.Tensor:
+    """Bits of non-negative int64 values below 2^53 (0 for 0)."""
+    return torch.where(x > 0, torch.frexp(x.to(torch.float64)).exponent.to(torch.int64), 0)
+
+
+def _split_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int, parts: torch.Tensor,
+                 alone: torch.Tensor, unused: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """split.cu's select on a chunk of rows: `parts` per row from the plan, `alone` where a split row's last
+    part finishes a listed bucket alone, keys `unused` low bits short (16 for bf16 values)."""
+    n, cols = x.shape
+    signed = f32_key(x)
+    key = (signed.to(torch.int64) + 2**31) >> unused  # the kernel's key: 32 or 16 bits
+    valid = _valid_mask(starts, ends, cols)
+    lengths = ends - starts
+    active = lengths > top_k  # shorter rows are copied whole
+    lanes = valid & active.unsqueeze(1)
+    t, above, count = _threshold_bins(torch.where(lanes, split_coarse_bin(key << unused), 2048), 2048,
+                                      torch.full((n,), top_k, dtype=torch.int64))
+    lo, hi = (b >> unused for b in split_coarse_range(t))
+    need = top_k - above
+    in_bucket = lanes & (key >= lo.unsqueeze(1)) & (key <= hi.unsqueeze(1))
+    # Which items list their bucket: every part of a row finished alone or whole, or each part by its
+    # own share of the bucket.
+    each = ((-(-lengths // parts) + 15) // 16 * 16).clamp(min=1)
+    part = ((torch.arange(cols).unsqueeze(0) - starts.unsqueeze(1)) // each.unsqueeze(1)).clamp(0, max(cols - 1, 0))
+    local = torch.zeros((n, cols), dtype=torch.int64).scatter_add_(1, part, in_bucket.to(torch.int64))
+    small = need < count
+    finished_alone = small & active & ((parts == 1) | alone)
+    finished_alone &= count <= torch.where(parts == 1, SPLIT_LISTED, SPLIT_SLOT_LISTED)
+    listing_parts = (small & active & ~finished_alone & (parts > 1)).unsqueeze(1) & (
+        local <= SPLIT_LISTED) & (torch.arange(cols).unsqueeze(0) < parts.unsqueeze(1))
+    listed = torch.where(finished_alone, parts, listing_parts.sum(1))
+    rounds = torch.where(active, 1, 0)
+    going = active & ~finished_alone & (need < count) & (lo != hi)
+    while bool(going.any()):
+        top = _bit_length(lo ^ hi)
+        bits = top.clamp(max=11)
+        shift = top - bits
+        digit = (key >> shift.unsqueeze(1)) & (torch.bitwise_left_shift(torch.ones_like(bits), bits).unsqueeze(1) - 1)
+        d, d_above, d_count = _threshold_bins(torch.where(in_bucket & going.unsqueeze(1), digit, 2048), 2048, need)
+        prefix = ((lo >> top) << top) | (d << shift)
+        lo = torch.where(going, torch.maximum(lo, prefix), lo)
+        hi = torch.where(going, torch.minimum(hi, prefix | (torch.bitwise_left_shift(torch.ones_like(shift), shift) - 1)), hi)
+        need = torch.where(going, need - d_above, need)
+        count = torch.where(going, d_count, count)
+        rounds += going.to(torch.int64)
+        in_bucket &= (key >= lo.unsqueeze(1)) & (key <= hi.unsqueeze(1))
+        going &= (need < count) & (lo != hi)
+    # Keys above the final bucket are all taken and the bucket's `need` largest after them (ties in any
+    # order): one top-k over the keys from the bucket up is that result.
+    score = torch.where(lanes & (key >= lo.unsqueeze(1)), signed, _NO_KEY)
+    score = torch.where(valid & ~active.unsqueeze(1), signed, score)
+    out = _with_tails(_top_positions(score, top_k) - starts.unsqueeze(1), torch.clamp(lengths, max=top_k))
+    return out, rounds, listed
+
+
 def split_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                top_k: int) -> tuple[torch.Tensor, SplitWork]:
     """Run the split model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
-    steps = _SPLIT_STEPS[torch.bfloat16 if logits.dtype == torch.bfloat16 else torch.float32]
+    bf16 = logits.dtype == torch.bfloat16
+    parts = split_plan((row_ends - row_starts).numpy(), top_k, 2 if bf16 else 4)
+    # A split row's last part finishes a small bucket alone when blocks have other items to take.
+    alone = np.full(parts.shape, parts.size <= SPLIT_ROWS and int(parts.sum()) > SPLIT_GRID)
+    unused = 16 if bf16 else 0
 
-    def chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-              k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return _radix_chunk(x, starts, ends, k, steps, lambda in_bin, remaining: in_bin == remaining)
+    def chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, k: int, p: torch.Tensor,
+              a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _split_chunk(x, starts, ends, k, p, a, unused)
 
-    out, rounds, _ = _chunked(chunk, logits, row_starts, row_ends, top_k)
-    parts = split_plan((row_ends - row_starts).numpy(), top_k, 2 if logits.dtype == torch.bfloat16 else 4)
-    return out, SplitWork(rounds, parts)
+    out, (rounds, listed) = _chunked(chunk, logits, row_starts, row_ends, top_k, torch.from_numpy(parts),
+                                   torch.from_numpy(alone))
+    return out, SplitWork(rounds, parts, listed)
 
 
 def block_order(blocks: int) -> torch.Tensor:
@@ -244,7 +335,7 @@ def block_order(blocks: int) -> torch.Tensor:
 def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                     top_k: int) -> tuple[torch.Tensor, DeepSelectWork]:
     """Run the DeepSelect model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
-    out, compactions, appended = _chunked(_deepselect_chunk, logits, row_starts, row_ends, top_k)
+    out, (compactions, appended) = _chunked(_deepselect_chunk, logits, row_starts, row_ends, top_k)
     return out, DeepSelectWork(compactions, appended)
 
 
@@ -294,7 +385,8 @@ def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
 def case_work(case: Case) -> dict[str, float]:
     """The models' work counters on one case, summarised over its rows (what `inspect --work` shows):
     native's histogram passes (mean, max) and finishing-sort size, DeepSelect's compactions (mean, max)
-    and candidates appended per row, split's digit rounds (mean, max) and blocks per row (mean, max)."""
+    and candidates appended per row, split's histogram rounds (mean, max), blocks per row (mean, max) and
+    the share of a selected row's blocks that listed its coarse bucket."""
     logits = case.padded()
     starts, ends = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
     _, nw = native_topk(logits, starts, ends, case.top_k)
@@ -318,4 +410,5 @@ def case_work(case: Case) -> dict[str, float]:
         "split_rounds_max": peak(sw.rounds),
         "split_parts_mean": mean(sw.parts),
         "split_parts_max": peak(sw.parts),
+        "split_listed_mean": mean((sw.listed / sw.parts)[sw.rounds > 0]),
     }

@@ -14,13 +14,29 @@
 // - Blocks take items in order from a counter in the workspace, split rows' parts first (so that they
 //   start together), so a block that finished a short row takes the next item at once. A block loads
 //   its item's keys into shared memory once (with several 16-byte loads in flight per thread; a whole
-//   row longer than the cache, possible only when rows are many, re-reads the rest), then resolves the
-//   k-th largest key digit by digit (fp32 keys: 11, 11 and 10 bits; bf16: 11 and 5), stopping as soon
-//   as the threshold digit's bucket is taken whole. The first digit's histogram is built while loading.
-// - The parts of a split row add their histograms into the row's slot in the workspace and wait for
-//   each other at the slot's arrival counter (no grid-wide barrier: items of other rows go on), then all
-//   compute the same threshold. Two last sweeps count and then write every index above the threshold and
-//   the first ties reached, with one pair of atomics per item reserving its output slots.
+//   row longer than the cache, possible only when rows are many, re-reads the rest) and counts their
+//   coarse bins on the way: sign, 5 exponent and 5 mantissa bits of magnitudes in [2^-16, 2^16), 32 bins
+//   per octave (magnitudes outside fall into the outermost bins). The bin holding the k-th largest key
+//   (its bucket) then holds a small fraction of the row on all but concentrated values.
+// - A small bucket is listed: two sweeps over the cache count, then write, every key above the bucket
+//   to the output and the bucket's keys to a list in shared memory (when the item holds at most kListed
+//   of them). It is then finished in one of three ways:
+//   - a whole row's list by the shared-memory select of common.cuh, at once;
+//   - a split row's, when the plan has more items than the grid has blocks, in the row's slot in the
+//     workspace (at most kSlotPairs keys in the row), finished by the last part to leave while the
+//     others take their next items (a wait would idle a block that has other work);
+//   - a split row's otherwise (one wave of items, nothing else to do), by its parts together, the
+//     rounds below sweeping their lists instead of their caches (the last part alone would be a serial
+//     tail of the launch: up to 1.22x slower on 1-8 rows).
+//   So normal scores take two sweeps over the cache after the load, where the old first digit (the top
+//   11 key bits, 4 bins per octave) took two digit rounds and two emit sweeps.
+// - A large bucket (x + 100, x * 1e-8, ties; magnitudes outside the window) is resolved 11 bits at a
+//   time over the cache (a round per digit, stopping as soon as the threshold digit's bucket is taken
+//   whole or holds one key value), then two sweeps emit the keys above it and the first of its keys
+//   reached.
+// - The parts of a split row add their histograms into the row's slot and wait for each other at the
+//   slot's arrival counter (no grid-wide barrier: items of other rows go on), then all compute the same
+//   threshold. One pair of atomics per item reserves its output slots and its share of the bucket.
 // - The last part to leave a row zeroes its slot, and the last block to leave the launch resets the item
 //   counter, so the workspace is back to zero after every launch and the next launch (or graph replay)
 //   needs no clearing.
@@ -29,18 +45,20 @@
 //
 // Deadlock freedom: items are taken in order, split rows' parts come first, a row's parts are
 // consecutive items and number at most the grid, and a block waits only for the other parts of its
-// current row (whole rows never wait). The earliest split row still held by some block has all its
-// parts taken (else every held item would be one of its parts, more than the grid), so all of them are on
-// blocks that are running, and that row completes.
+// current row (whole rows never wait, nor does a row finished by its last part after the first round).
+// The earliest split row still held by some block has all its parts taken (else every held item would
+// be one of its parts, more than the grid), so all of them are on blocks that are running, and that row
+// completes.
 //
-// Measured and not used (bench/FIDELITY.md, bench/RESULTS.md): finishing a split row's small threshold
-// bucket in its last part after one round, so that parts wait once (up to 1.38x slower on 8-64 rows);
-// blocks of 256 threads, 4 per multiprocessor (up to 1.30x slower on 1-64 rows) or of 1024, one per
-// multiprocessor with a 192 KiB cache (1.1-1.3x slower); items of up to 2-8 caches' worth of keys,
-// re-reading the rest (up to 1.3x slower on 64-128 rows, at most 5% faster on 512); 8 loads in
-// flight instead of 4 (no faster); when emitting, a warp vote per key (1.1x slower), one pass with
-// shared-memory slot counters (up to 1.18x slower), or staging the item's slots in shared memory to
-// store them coalesced (0.97-1.04x: the emit is bound by its passes over the cache, not by its stores).
+// Measured and not used (bench/FIDELITY.md, bench/RESULTS.md): the last part finishing every split
+// row's list (up to 1.22x slower on 1-8 rows), or the parts resolving it together whatever the plan (up
+// to 1.15x slower on 256-512 rows, 0.92-1.0x on 1-130); blocks of 256 threads, 4 per multiprocessor (up
+// to 1.30x slower on 1-64 rows) or of 1024, one per multiprocessor with a 192 KiB cache (1.1-1.3x
+// slower); items of up to 2-8 caches' worth of keys, re-reading the rest (up to 1.3x slower on 64-128
+// rows, at most 5% faster on 512); 8 loads in flight instead of 4 (no faster); when emitting, a warp vote
+// per key (1.1x slower), one pass with shared-memory slot counters (up to 1.18x slower), or staging the
+// item's slots in shared memory to store them coalesced (0.97-1.04x: the emit is bound by its passes
+// over the cache, not by its stores).
 //
 // Entry points, workspace and status: see topk_api.h.
 #include <atomic>
@@ -81,29 +99,55 @@ constexpr int kLoadUnroll = LR_SPLIT_UNROLL;
 constexpr int kMinChunk = 4096;   // below this, splitting costs more in barriers than it saves
 constexpr int kSplitRows = 1024;  // more rows than this fill the GPU whole: rows are not split
 constexpr int kMaxTopK = 1 << 20;      // output goes straight to global memory: no slot staging limit
-constexpr int kSlotHist = 5 * 1024;    // words of a slot's histograms: 2048 + 2048 + 1024 (fp32)
+constexpr int kSlotHist = 4 * kBins;   // words of a slot's histograms: the coarse round and up to 3 digits
+constexpr int kListed = kBins / 2;     // an item's coarse bucket keys listed: keys, then their indices
+constexpr int kSlotPairs = (kSlotHist - kBins) / 2;  // a split row's, in its slot after the coarse histogram
 
-// The keys and digits of a dtype: fp32 values use the 32-bit order-preserving key, bf16 values its top
-// 16 bits (all the information a bf16 carries), which halves both the cache and the digits to resolve.
+// ------------------------------------------------------------------------------------ the coarse bins
+// The first digit of every key (see the header comment): a monotone map of the order-preserving 32-bit
+// key, so the bins are ordered like the values and each bin is one interval of keys. It is computed from
+// the key rather than by rounding to fp16 (native's first pass) so that the sweeps over cached keys need
+// no value, and a bin's bounds are known exactly.
+constexpr uint32_t kWindow = (127 - 16) << 5;  // (exponent, top 5 mantissa bits) of 2^-16
+
+__device__ __forceinline__ uint32_t coarse_bin(uint32_t key) {
+  const bool positive = key >> 31;
+  const uint32_t magnitude = (positive ? key : ~key) & 0x7FFFFFFFu;  // the bits of |x|
+  const uint32_t f = static_cast<uint32_t>(min(max(static_cast<int>(magnitude >> 18) - static_cast<int>(kWindow), 0),
+                                               1023));
+  return positive ? 1024u + f : 1023u - f;
+}
+
+// The keys of coarse bin `bin`: [lo, hi]. Interior bins fix the top 14 key bits; the outermost ones do not.
+struct KeyRange {
+  uint32_t lo, hi;
+};
+
+__device__ __forceinline__ KeyRange coarse_range(uint32_t bin) {
+  const uint32_t f = bin >= 1024u ? bin - 1024u : 1023u - bin;
+  const uint32_t lo = f == 0 ? 0u : (kWindow + f) << 18;
+  const uint32_t hi = f == 1023 ? 0x7FFFFFFFu : ((kWindow + f + 1) << 18) - 1u;
+  return bin >= 1024u ? KeyRange{0x80000000u | lo, 0x80000000u | hi} : KeyRange{~hi & 0x7FFFFFFFu, ~lo & 0x7FFFFFFFu};
+}
+
+// The keys of a dtype: fp32 values use the 32-bit order-preserving key, bf16 values its top 16 bits (all
+// the information a bf16 carries), which halves both the cache and the digits to resolve. `kUnused` is
+// how far a key is shifted up to its 32-bit form (the coarse bins' and the shared-memory select's).
 template <typename T>
 struct Keys;
 
 template <>
 struct Keys<float> {
   using Key = uint32_t;
-  static constexpr int kRounds = 3;
+  static constexpr int kUnused = 0;
   __device__ __forceinline__ static uint32_t key(float x) { return lr::f32_key(x); }
-  __host__ __device__ static constexpr int shift(int j) { return j == 0 ? 21 : j == 1 ? 10 : 0; }
-  __host__ __device__ static constexpr int bits(int j) { return j == 2 ? 10 : 11; }
 };
 
 template <>
 struct Keys<__nv_bfloat16> {
   using Key = uint16_t;
-  static constexpr int kRounds = 2;
+  static constexpr int kUnused = 16;
   __device__ __forceinline__ static uint32_t key(float x) { return lr::f32_key(x) >> 16; }
-  __host__ __device__ static constexpr int shift(int j) { return j == 0 ? 5 : 0; }
-  __host__ __device__ static constexpr int bits(int j) { return j == 0 ? 11 : 5; }
 };
 
 // The launch's item counter: items taken, and blocks that have left.
@@ -116,10 +160,10 @@ static_assert(sizeof(Work) == 256, "the item counter is 256 bytes");
 
 // The state the parts of one split row share, zero between launches.
 struct Slot {
-  uint32_t hist[kSlotHist];  // the digit histograms of the whole row, round j at j * kBins
+  uint32_t hist[kSlotHist];  // the histograms of the whole row, round j at j * kBins
   uint32_t arrive;           // arrivals: parts per round passed, plus one per part leaving
-  uint32_t count;            // keys above the threshold counted so far
-  uint32_t ties;             // keys equal to it counted so far
+  uint32_t count;            // keys above the bucket counted so far
+  uint32_t ties;             // keys in it counted so far
   uint32_t reserved[61];
 };
 
@@ -175,26 +219,26 @@ struct Split {
   using Key = typename K::Key;
   static constexpr int kCache = kCacheBytes / static_cast<int>(sizeof(Key));  // keys cached per item
   static constexpr int kPerVec = 16 / static_cast<int>(sizeof(Key));
+  static_assert(2 * kSlotPairs * 4 <= kCacheBytes, "a split row's listed bucket fits the cache");
 
   struct Smem {
-    uint32_t hist[kBins];
+    uint32_t hist[kBins];  // also, while listing, the bucket: kListed keys, then their indices
     // The plan: split rows' parts come first, row r's are items first[r] .. first[r + 1] - 1 (equal
     // bounds for a whole row); whole rows follow, row r is item splits + whole[r] (whole[r + 1] is then
-    // whole[r] + 1, equal for a split row).
-    int first[kSplitRows + 1];
-    int whole[kSplitRows + 1];
+    // whole[r] + 1, equal for a split row). Items number at most rows + grid.
+    uint16_t first[kSplitRows + 1];
+    uint16_t whole[kSplitRows + 1];
     int splits;  // items that are parts of split rows
     unsigned long long scratch[kThreads / lr::kWarp];
     lr::ScanScratch<kThreads> scan;
+    lr::SelectScratch<kThreads> sel;
     int items, item;  // items in the plan; the one this block holds
-    uint32_t count, ties;  // a whole row's keys above the threshold and equal to it, counted so far
-    uint32_t base, tie_base;  // an item's first output slot for its keys above, its first tie's rank
+    uint32_t count, ties;  // a whole row's keys above the bucket and in it, counted so far
+    uint32_t local;        // this item's keys in the threshold bin of the last round
+    uint32_t listed;       // this item's coarse bucket keys listed so far
+    uint32_t base, tie_base;  // an item's first output slot for its keys above, its first bucket key's rank
     int last;              // this block is the last to leave its split row
   };
-
-  __device__ __forceinline__ static uint32_t digit(uint32_t key, int j) {
-    return (key >> K::shift(j)) & ((1u << K::bits(j)) - 1u);
-  }
 
   // f(key, i) for the n keys of an item: the cached ones from shared memory (16 bytes at a time), the
   // rest from `src`.
@@ -213,6 +257,24 @@ struct Split {
     if (n > kCache)
       lr::for_each_in_row<kThreads>(src + kCache, n - kCache, [&](float x, int i) { f(K::key(x), kCache + i); });
   }
+
+  // The keys an item sweeps, f(key, index in the row): its cache (and the rest of a whole row longer than
+  // the cache), or, once listed, its list of coarse bucket keys.
+  struct Sweep {
+    const Key* cache;
+    const T* src;
+    int n, first;
+    const uint32_t* list = nullptr;  // keys (32-bit form), then their indices at + kListed
+    int m = 0;
+    template <typename F>
+    __device__ __forceinline__ void operator()(F&& f) const {
+      if (list != nullptr) {
+        for (int j = threadIdx.x; j < m; j += kThreads) f(list[j] >> K::kUnused, static_cast<int>(list[kListed + j]));
+      } else {
+        for_each_key(cache, src, n, [&](uint32_t key, int i) { f(key, first + i); });
+      }
+    }
+  };
 
   // The plan (see the header comment), made by every block alike: s.items, s.splits, s.first, s.whole.
   __device__ static void plan(const int* row_starts, const int* row_ends, int rows, int top_k, Smem& s) {
@@ -262,15 +324,15 @@ struct Split {
     for (int j = 0; j < kPer; ++j) {
       const int r = tid * kPer + j;
       if (r < rows) {
-        s.first[r] = at;
-        s.whole[r] = wat;
+        s.first[r] = static_cast<uint16_t>(at);
+        s.whole[r] = static_cast<uint16_t>(wat);
       }
       at += parts[j] > 1 ? parts[j] : 0;
       wat += parts[j] == 1;
     }
     if (tid == 0) {
-      s.first[rows] = static_cast<int>(splits);
-      s.whole[rows] = static_cast<int>(wholes);
+      s.first[rows] = static_cast<uint16_t>(splits);
+      s.whole[rows] = static_cast<uint16_t>(wholes);
       s.splits = static_cast<int>(splits);
       s.items = static_cast<int>(splits + wholes);
     }
@@ -289,6 +351,82 @@ struct Split {
       __threadfence();
     }
     __syncthreads();
+  }
+
+  // The two sweeps of an emit: every key above `hi` to the output (from the row's counter `count`), and
+  // every key in [lo, hi] to bucket(key, index, rank), its rank among the row's bucket keys reached (from
+  // `ties`). A first sweep counts this thread's keys of each kind, two independent atomics reserve the
+  // item's share of each, and the second writes them where the block's prefix sum puts them. Claiming
+  // slots per warp instead would be a round trip to global memory for every warp that takes a key.
+  // (Measured slower: a warp vote per key, to make each store instruction write consecutive slots, 1.1x;
+  // one sweep placing keys by shared-memory counters, up to 1.18x at k 2048.) Ends with a barrier.
+  template <typename Bucket>
+  __device__ static void emit(const Sweep& sweep, uint32_t lo, uint32_t hi, uint32_t* count, uint32_t* ties,
+                              int* out_row, Smem& s, Bucket&& bucket) {
+    uint32_t above = 0, at_least = 0;
+    sweep([&](uint32_t key, int) {
+      above += key > hi;
+      at_least += key >= lo;
+    });
+    unsigned long long both = 0;  // above in the high word, in the bucket in the low one (at most n each)
+    const unsigned long long before = block_exclusive_sum<kThreads>(
+        static_cast<unsigned long long>(above) << 32 | (at_least - above), s.scratch, both);
+    if (threadIdx.x == 0) {
+      s.base = atomicAdd(count, static_cast<uint32_t>(both >> 32));
+      s.tie_base = atomicAdd(ties, static_cast<uint32_t>(both));  // bucket keys the row's other parts had
+    }
+    __syncthreads();
+    uint32_t at = s.base + static_cast<uint32_t>(before >> 32);  // this thread's next slot for a key above
+    uint32_t rank = s.tie_base + static_cast<uint32_t>(before);  // its next bucket key's rank in the row
+    sweep([&](uint32_t key, int i) {
+      if (key > hi)
+        out_row[at++] = i;
+      else if (key >= lo)
+        bucket(key, i, rank++);
+    });
+    __syncthreads();
+  }
+
+  // Finish a listed bucket: the `need` largest of its m keys (32-bit form, shared memory, their indices
+  // `pairs` further on, see Sweep) go to slots 0 .. need - 1 of `out`, in any order.
+  template <int PAIRS>
+  __device__ static void finish(const uint32_t* keys, uint32_t m, uint32_t need, int* out, Smem& s) {
+    __syncthreads();  // the keys are in place
+    const lr::SelectRule rule = lr::smem_select_rule<kThreads, 32 - K::kUnused>(
+        keys, static_cast<int>(m), static_cast<int>(need), s.sel);
+    if (threadIdx.x == 0) s.sel.emitted = 0;  // published by the apply's first barrier
+    lr::smem_select_apply<kThreads>(keys, static_cast<int>(m), rule, s.sel, [&](int i) {
+      out[lr::claim(&s.sel.emitted)] = static_cast<int>(keys[PAIRS + i]);
+    });
+  }
+
+  // The threshold bin of this item's round-j histogram (s.hist, complete), over the whole row: a split
+  // row's parts add theirs to the slot and wait for each other first. s.local gets this item's own keys
+  // in that bin (published by the caller's next barrier).
+  __device__ static lr::ThresholdBin threshold(int j, int bins, uint32_t need, Slot* slot, int parts, Smem& s) {
+    constexpr int kMine = kBins / kThreads;
+    uint32_t mine[kMine];
+    if (slot != nullptr) {
+      uint32_t* g = slot->hist + j * kBins;
+#pragma unroll
+      for (int q = 0; q < kMine; ++q) {
+        const int b = threadIdx.x + q * kThreads;
+        mine[q] = b < bins ? s.hist[b] : 0u;
+        if (mine[q]) atomicAdd(&g[b], mine[q]);
+      }
+      arrive_and_wait(slot, static_cast<uint32_t>(parts * (j + 1)));
+      for (int b = threadIdx.x; b < bins; b += kThreads) s.hist[b] = __ldcg(&g[b]);
+      __syncthreads();
+    }
+    const lr::ThresholdBin t = lr::block_threshold_bin<kThreads, kBins>(s.hist, need, s.scan);
+    if (slot == nullptr) {
+      if (threadIdx.x == 0) s.local = t.count;
+    } else {
+#pragma unroll
+      for (int q = 0; q < kMine; ++q)
+        if (threadIdx.x + q * kThreads == t.bin) s.local = mine[q];
+    }
+    return t;
   }
 
   // One item: select the part of row `row`'s top_k that lies in its part `part` of `parts`.
@@ -316,7 +454,7 @@ struct Split {
     uint32_t* ties = split ? &slot->ties : &s.ties;
     if (tid == 0) s.count = s.ties = 0;  // published by the barriers below
 
-    // Load (keeping keys in the cache) and count the first digit.
+    // Load (keeping keys in the cache) and count the coarse bins.
     lr::smem_fill<kThreads>(s.hist, kBins, 0u);
     __syncthreads();
     Run run;
@@ -325,84 +463,99 @@ struct Split {
       nan |= x != x;
       const uint32_t key = K::key(x);
       if (i < kCache) cache[i] = static_cast<Key>(key);
-      run.add(s.hist, digit(key, 0));
+      run.add(s.hist, coarse_bin(key << K::kUnused));
     });
     run.flush(s.hist);
     if (__syncthreads_or(nan) && tid == 0) lr::report_nan(status);
 
-    uint32_t mask = 0, prefix = 0, need = static_cast<uint32_t>(top_k);
-    int rounds = 0;
-    for (int j = 0; j < K::kRounds; ++j) {
-      if (j > 0) {
-        lr::smem_fill<kThreads>(s.hist, kBins, 0u);
-        __syncthreads();
-        for_each_key(cache, src, n, [&](uint32_t key, int) {
-          if ((key & mask) == prefix) run.add(s.hist, digit(key, j));
-        });
-        run.flush(s.hist);
-        __syncthreads();
+    // The bucket: the keys [b_lo, b_hi] that hold the row's k-th largest, `need` of them selected.
+    lr::ThresholdBin t = threshold(0, kBins, static_cast<uint32_t>(top_k), slot, parts, s);
+    const KeyRange range = coarse_range(static_cast<uint32_t>(t.bin));
+    uint32_t b_lo = range.lo >> K::kUnused, b_hi = range.hi >> K::kUnused;
+    uint32_t need = static_cast<uint32_t>(top_k) - t.above;
+    int* tail = out_row + (static_cast<uint32_t>(top_k) - need);
+    Sweep sweep{cache, src, n, lo};
+    // How a small bucket is finished (see the header comment): by this block, by the row's last part
+    // alone (a split row when blocks have other items to take), or by all its parts together.
+    const bool alone = split && s.items > static_cast<int>(gridDim.x);
+    uint32_t* const list = alone ? slot->hist + kBins : nullptr;  // keys (32-bit form), then indices
+    if (tid == 0) s.listed = 0;
+    __syncthreads();  // s.local, s.listed
+    const bool listed = need < t.count && (alone ? t.count <= kSlotPairs : s.local <= kListed);
+    if (listed) {
+      // List the bucket's keys, emitting the keys above it.
+      emit(sweep, b_lo, b_hi, count, alone ? ties : &s.listed, out_row, s, [&](uint32_t key, int i, uint32_t rank) {
+        if (alone) {
+          list[rank] = key << K::kUnused;
+          list[kSlotPairs + rank] = static_cast<uint32_t>(i);
+        } else {
+          s.hist[rank] = key << K::kUnused;
+          s.hist[kListed + rank] = static_cast<uint32_t>(i);
+        }
+      });
+      if (!split) {
+        finish<kListed>(s.hist, t.count, need, tail, s);
+        return;
       }
-      if (split) {  // the whole row's histogram, from every part's
-        uint32_t* g = slot->hist + j * kBins;
-        for (int b = tid; b < (1 << K::bits(j)); b += kThreads)
-          if (s.hist[b]) atomicAdd(&g[b], s.hist[b]);
-        arrive_and_wait(slot, static_cast<uint32_t>(parts * (j + 1)));
-        for (int b = tid; b < (1 << K::bits(j)); b += kThreads) s.hist[b] = __ldcg(&g[b]);
+      if (!alone) {  // the list moves into the cache, which is no longer needed; the rounds sweep it
+        auto* moved = reinterpret_cast<uint32_t*>(cache);
+        const int m = static_cast<int>(s.listed);
+        for (int j = tid; j < m; j += kThreads) {
+          moved[j] = s.hist[j];
+          moved[kListed + j] = s.hist[kListed + j];
+        }
         __syncthreads();
+        sweep.list = moved;
+        sweep.m = m;
       }
-      const lr::ThresholdBin t = lr::block_threshold_bin<kThreads, kBins>(s.hist, need, s.scan);
-      mask |= ((1u << K::bits(j)) - 1u) << K::shift(j);
-      prefix |= static_cast<uint32_t>(t.bin) << K::shift(j);
+    }
+    int rounds = 1;
+    // Resolve the bucket: its keys share every bit above `top`, the rest is resolved 11 bits a round.
+    for (uint32_t in_bucket = listed && alone ? need : t.count; need < in_bucket && b_lo != b_hi; ++rounds) {
+      const int top = 32 - __clz(b_lo ^ b_hi);
+      const int bits = min(11, top), shift = top - bits;
+      lr::smem_fill<kThreads>(s.hist, kBins, 0u);
+      __syncthreads();
+      sweep([&](uint32_t key, int) {
+        if (key - b_lo <= b_hi - b_lo) run.add(s.hist, (key >> shift) & ((1u << bits) - 1u));
+      });
+      run.flush(s.hist);
+      __syncthreads();
+      t = threshold(rounds, 1 << bits, need, slot, parts, s);
+      const uint32_t prefix = (b_lo >> top << top) | static_cast<uint32_t>(t.bin) << shift;  // top < 32
+      b_lo = max(b_lo, prefix);
+      b_hi = min(b_hi, prefix | ((1u << shift) - 1u));
       need -= t.above;
-      rounds = j + 1;
-      if (need == t.count) break;  // the whole bucket is selected
+      in_bucket = t.count;
     }
-
-    // Emit: every key above the threshold, and the first `need` equal to it (over all parts). The row's
-    // keys above fill output slots [0, top_k - need), its ties taken the `need` after them. A first pass
-    // counts this thread's keys above and equal, two independent atomics reserve the item's share of
-    // each, and a second pass writes them where the block's prefix sum puts them. Claiming slots per warp
-    // instead would be a round trip to global memory for every warp that takes a key. (Measured slower:
-    // a warp vote per key, to make each store instruction write consecutive slots, 1.1x; one pass placing
-    // keys by shared-memory counters, one atomic per warp, with the item's counts taken from its
-    // histograms, up to 1.18x at k 2048.)
-    uint32_t above = 0, equal = 0;
-    for_each_key(cache, src, n, [&](uint32_t key, int) {
-      const uint32_t m = key & mask;
-      above += m > prefix;
-      equal += m == prefix;
-    });
-    unsigned long long both = 0;  // above in the high word, equal in the low one (at most n each: no carry)
-    const unsigned long long before = block_exclusive_sum<kThreads>(
-        static_cast<unsigned long long>(above) << 32 | equal, s.scratch, both);
-    if (tid == 0) {
-      s.base = atomicAdd(count, static_cast<uint32_t>(both >> 32));
-      s.tie_base = atomicAdd(ties, static_cast<uint32_t>(both));  // equal keys the row's other parts had
-    }
-    __syncthreads();
-    uint32_t at = s.base + static_cast<uint32_t>(before >> 32);  // this thread's next slot for a key above
-    uint32_t tie = s.tie_base + static_cast<uint32_t>(before);   // its next equal key's rank in the row
-    int* const tie_out = out_row + (static_cast<uint32_t>(top_k) - need);
-    for_each_key(cache, src, n, [&](uint32_t key, int i) {
-      const uint32_t m = key & mask;
-      if (m > prefix) {
-        out_row[at++] = lo + i;
-      } else if (m == prefix) {
-        if (tie < need) tie_out[tie] = lo + i;
-        ++tie;
-      }
-    });
+    // Emit: every key above the bucket to slots [0, top_k - need), the first `need` of its keys reached to
+    // the slots after.
+    tail = out_row + (static_cast<uint32_t>(top_k) - need);
+    if (!(listed && alone))
+      emit(sweep, b_lo, b_hi, count, ties, out_row, s, [&](uint32_t, int i, uint32_t rank) {
+        if (rank < need) tail[rank] = i;
+      });
     if (!split) return;
-    __syncthreads();
     if (tid == 0) {
       __threadfence();
       s.last = atomicAdd(&slot->arrive, 1u) == static_cast<uint32_t>(parts * (rounds + 1) - 1);
+      if (s.last) __threadfence();  // the other parts' list entries are seen
     }
     __syncthreads();
-    if (s.last) {  // every other part has left: clear the slot for the next launch
-      lr::smem_fill<kThreads>(slot->hist, rounds * kBins < kSlotHist ? rounds * kBins : kSlotHist, 0u);
-      if (tid == 0) slot->arrive = slot->count = slot->ties = 0;
+    if (!s.last) return;
+    // Every other part has left: finish the row's list, if it has one, and clear the slot for the next
+    // launch.
+    if (listed && alone) {
+      auto* keys = reinterpret_cast<uint32_t*>(cache);
+      for (int j = tid; j < static_cast<int>(t.count); j += kThreads) {
+        keys[j] = __ldcg(&list[j]);
+        keys[kSlotPairs + j] = __ldcg(&list[kSlotPairs + j]);
+      }
+      finish<kSlotPairs>(keys, t.count, need, tail, s);
+      lr::smem_fill<kThreads>(list + kSlotPairs, static_cast<int>(t.count), 0u);
     }
+    lr::smem_fill<kThreads>(slot->hist, rounds * kBins + (listed && alone ? static_cast<int>(t.count) : 0), 0u);
+    if (tid == 0) slot->arrive = slot->count = slot->ties = 0;
   }
 };
 
@@ -425,7 +578,7 @@ __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
     int row = i, part = 0, parts = 1;
     if (!whole) {  // the row whose items include i: the last r whose bound is at most i's place
       const bool split = i < s.splits;
-      const int* bound = split ? s.first : s.whole;
+      const uint16_t* bound = split ? s.first : s.whole;
       const int at = split ? i : i - s.splits;
       int lo = 0, hi = rows;
       while (hi - lo > 1) {
