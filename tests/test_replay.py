@@ -168,8 +168,9 @@ def test_cuda_without_a_gpu_is_a_one_line_error() -> None:
     assert "torch sees no CUDA device" in res.output and "Traceback" not in res.output
 
 
-def test_inspect_work_shows_native_needing_more_passes_on_concentrated_values(tmp_path: Path) -> None:
-    """Rows long enough (8192) that the first fp16 threshold bin of +100 / *1e-8 scores exceeds 2048."""
+def test_inspect_work_shows_native_and_split_needing_more_passes_on_concentrated_values(tmp_path: Path) -> None:
+    """Rows long enough (8192) that the first fp16 threshold bin of +100 / *1e-8 scores exceeds 2048, and
+    split's coarse bucket its shared-memory list."""
     path = tmp_path / "ablation.zarr"
     archive = Archive.create(path)
     for dist in ("normal", "normal+100", "normal*1e-8"):
@@ -181,5 +182,9 @@ def test_inspect_work_shows_native_needing_more_passes_on_concentrated_values(tm
     assert work["normal+100"]["native_passes_mean"] > normal and work["normal*1e-8"]["native_passes_mean"] > normal
     # DeepSelect's work does not depend on the distribution.
     assert len({w["deepselect_compactions_mean"] for w in work.values()}) == 1
+    assert work["normal"]["split_listed_mean"] > 0.5
+    for dist in ("normal+100", "normal*1e-8"):
+        assert work[dist]["split_listed_mean"] == 0
+        assert work[dist]["split_rounds_mean"] > work["normal"]["split_rounds_mean"]
     table = CliRunner().invoke(main, ["inspect", str(path), "--work"], catch_exceptions=False).output
-    assert "native passes" in table and "3.00 / 3" in table
+    assert "native passes" in table and "3.00 / 3" in table and "split listed" in table

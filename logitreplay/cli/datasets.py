@@ -87,7 +87,8 @@ def _synth_like(like: str, kinds: tuple[str, ...], out: Path, json_out: str | No
 @click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable).")
 @json_option("Every field")
 @click.option("--work", is_flag=True, help="Also run the CPU algorithm models and show their work per case "
-              "(native: histogram passes; DeepSelect: buffer compactions, candidates): why a selector is slow.")
+              "(native: histogram passes; DeepSelect: buffer compactions, candidates; split: histogram rounds, "
+              "share of blocks that listed their bucket): why a selector is slow.")
 @user_errors
 def inspect_cmd(location: str, case_ids: tuple[str, ...], json_out: str | None, work: bool) -> None:
     """Summarize the cases of an archive (directory, .zip or URL): shape, storage, row lengths, value
@@ -133,10 +134,18 @@ def _work(case: Case | None) -> dict[str, float] | None:
 
 def _work_cells(w: dict[str, float] | None) -> tuple[str, ...]:
     if w is None:
-        return ("-", "-", "-")
+        return ("-",) * len(_WORK_COLUMNS)
     return (f"{w['native_passes_mean']:.2f} / {w['native_passes_max']:.0f}",
             f"{w['deepselect_compactions_mean']:.2f} / {w['deepselect_compactions_max']:.0f}",
-            f"{w['deepselect_appended_mean']:.0f}")
+            f"{w['deepselect_appended_mean']:.0f}",
+            f"{w['split_rounds_mean']:.2f} / {w['split_rounds_max']:.0f}",
+            f"{w['split_listed_mean']:.0%}")
+
+
+# The --work columns: native's histogram passes, DeepSelect's compactions and candidates, split's rounds
+# and the share of its blocks that listed their bucket (the fast path on spread scores).
+_WORK_COLUMNS = ("native passes mean/max", "DS compactions mean/max", "DS candidates/row",
+                 "split rounds mean/max", "split listed")
 
 
 def _fmt(x: Any, spec: str = "") -> str:
@@ -157,7 +166,7 @@ def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[s
                 "min / max", "k-th ties", "fp16 bins top-k"):
         table.add_column(col, overflow="fold")
     if work:
-        for col in ("native passes mean/max", "DS compactions mean/max", "DS candidates/row"):
+        for col in _WORK_COLUMNS:
             table.add_column(col, overflow="fold")
     for s, source in zip(summaries, sources, strict=True):
         if "values" not in s:
