@@ -3,8 +3,8 @@
 Each variant is the family's source (`deepselect.cu` by default, `split.cu` with --family split) built
 with some of its compile-time overrides (DeepSelect: `-DLR_DS_THREADS=...`, `LR_DS_ELEMS`, `LR_DS_B2`,
 `LR_DS_BLOCKS`, see the Config comment in the source; split: `LR_SPLIT_THREADS`, `LR_SPLIT_BLOCKS`,
-`LR_SPLIT_CACHE_KB`, `LR_SPLIT_CHUNK_CACHES`, `LR_SPLIT_SHARE_DIV`, `LR_SPLIT_UNROLL`, see the tunables
-at its top). For every variant:
+`LR_SPLIT_CACHE_KB`, `LR_SPLIT_CHUNK_CACHES`, `LR_SPLIT_SHARE_DIV`, `LR_SPLIT_UNROLL`, `LR_SPLIT_FINISH`,
+see the tunables at its top). For every variant:
 1. correctness: every case of the stress suite (small scale) through the replay checks 1-4, a graph
    replayed after its row ends changed in place (check 5), and the NaN status flag;
 2. timing: the seed-controls shapes at full scale (fp32 and bf16, values drawn on the GPU with the
@@ -70,6 +70,8 @@ FAMILIES: dict[str, dict[str, dict[str, int]]] = {
         "u8": {"LR_SPLIT_UNROLL": 8},
         "t256": {"LR_SPLIT_THREADS": 256, "LR_SPLIT_BLOCKS": 4, "LR_SPLIT_CACHE_KB": 32},
         "t1024": {"LR_SPLIT_THREADS": 1024, "LR_SPLIT_BLOCKS": 1, "LR_SPLIT_CACHE_KB": 192},
+        "last_part": {"LR_SPLIT_FINISH": 1},
+        "together": {"LR_SPLIT_FINISH": 2},
     },
 }
 

@@ -50,15 +50,15 @@
 // be one of its parts, more than the grid), so all of them are on blocks that are running, and that row
 // completes.
 //
-// Measured and not used (bench/FIDELITY.md, bench/RESULTS.md): the last part finishing every split
-// row's list (up to 1.22x slower on 1-8 rows), or the parts resolving it together whatever the plan (up
-// to 1.15x slower on 256-512 rows, 0.92-1.0x on 1-130); blocks of 256 threads, 4 per multiprocessor (up
-// to 1.30x slower on 1-64 rows) or of 1024, one per multiprocessor with a 192 KiB cache (1.1-1.3x
-// slower); items of up to 2-8 caches' worth of keys, re-reading the rest (up to 1.3x slower on 64-128
-// rows, at most 5% faster on 512); 8 loads in flight instead of 4 (no faster); when emitting, a warp vote
-// per key (1.1x slower), one pass with shared-memory slot counters (up to 1.18x slower), or staging the
-// item's slots in shared memory to store them coalesced (0.97-1.04x: the emit is bound by its passes
-// over the cache, not by its stores).
+// Measured and not used (bench/FIDELITY.md, bench/RESULTS.md): the last part finishing every split row's
+// list (LR_SPLIT_FINISH=1: up to 1.22x slower on 1-8 rows), or the parts resolving it together whatever
+// the plan (LR_SPLIT_FINISH=2: up to 1.15x slower on 256-512 rows, 0.92-1.0x on 1-130); blocks of 256
+// threads, 4 per multiprocessor (up to 1.30x slower on 1-64 rows) or of 1024, one per multiprocessor with
+// a 192 KiB cache (1.1-1.3x slower); items of up to 2-8 caches' worth of keys, re-reading the rest (up to
+// 1.3x slower on 64-128 rows, at most 5% faster on 512); 8 loads in flight instead of 4 (no faster); when
+// emitting, a warp vote per key (1.1x slower), one pass with shared-memory slot counters (up to 1.18x
+// slower), or staging the item's slots in shared memory to store them coalesced (0.97-1.04x: the emit is
+// bound by its passes over the cache, not by its stores).
 //
 // Entry points, workspace and status: see topk_api.h.
 #include <atomic>
@@ -86,6 +86,9 @@
 #ifndef LR_SPLIT_UNROLL
 #define LR_SPLIT_UNROLL 4  // 16-byte loads in flight per thread while an item is loaded
 #endif
+#ifndef LR_SPLIT_FINISH
+#define LR_SPLIT_FINISH 0  // who finishes a split row's listed bucket: 0 by the plan, 1 its last part, 2 all its parts
+#endif
 
 namespace {
 
@@ -96,6 +99,7 @@ constexpr int kCacheBytes = LR_SPLIT_CACHE_KB << 10;
 constexpr int kChunkCaches = LR_SPLIT_CHUNK_CACHES;
 constexpr int kShareDiv = LR_SPLIT_SHARE_DIV;
 constexpr int kLoadUnroll = LR_SPLIT_UNROLL;
+constexpr int kFinish = LR_SPLIT_FINISH;
 constexpr int kMinChunk = 4096;   // below this, splitting costs more in barriers than it saves
 constexpr int kSplitRows = 1024;  // more rows than this fill the GPU whole: rows are not split
 constexpr int kMaxTopK = 1 << 20;      // output goes straight to global memory: no slot staging limit
@@ -477,7 +481,7 @@ struct Split {
     Sweep sweep{cache, src, n, lo};
     // How a small bucket is finished (see the header comment): by this block, by the row's last part
     // alone (a split row when blocks have other items to take), or by all its parts together.
-    const bool alone = split && s.items > static_cast<int>(gridDim.x);
+    const bool alone = split && (kFinish == 0 ? s.items > static_cast<int>(gridDim.x) : kFinish == 1);
     uint32_t* const list = alone ? slot->hist + kBins : nullptr;  // keys (32-bit form), then indices
     if (tid == 0) s.listed = 0;
     __syncthreads();  // s.local, s.listed
