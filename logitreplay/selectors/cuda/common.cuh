@@ -165,6 +165,18 @@ struct ThresholdBin {
   uint32_t count;   // elements in `bin`: `need - above` of them are selected
 };
 
+// Inclusive prefix sum over the warp of one value per lane: `lane` (this thread's, threadIdx.x % 32) gets
+// the sum of lanes 0 .. lane.
+template <typename V>
+__device__ __forceinline__ V warp_inclusive_sum(V v, int lane) {
+#pragma unroll
+  for (int d = 1; d < kWarp; d <<= 1) {
+    const V y = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += y;
+  }
+  return v;
+}
+
 // Scratch for block_threshold_bin: one word per warp plus the result.
 template <int THREADS>
 struct ScanScratch {
@@ -189,12 +201,7 @@ __device__ ThresholdBin block_threshold_bin(const uint32_t* hist, uint32_t need,
     cnt[j] = r < BINS ? hist[BINS - 1 - r] : 0u;
     local += cnt[j];
   }
-  uint32_t incl = local;
-#pragma unroll
-  for (int d = 1; d < kWarp; d <<= 1) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += y;
-  }
+  const uint32_t incl = warp_inclusive_sum(local, lane);
   if (tid == 0) s.result = ThresholdBin{-1, 0u, 0u};
   if (lane == kWarp - 1) s.warp_total[warp] = incl;
   __syncthreads();

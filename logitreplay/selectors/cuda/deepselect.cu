@@ -223,12 +223,7 @@ struct DeepSelect {
     auto process = [&](const uint4 (&v)[C::kVecs], int cur_seg, int round) {
       const uint32_t acc = cur_seg >= 0 ? filter(v, cur_seg, head, span, t, lane) : 0u;
       const uint32_t cnt = __popc(acc);
-      uint32_t incl = cnt;  // inclusive scan of the counts over the warp
-#pragma unroll
-      for (int off = 1; off < lr::kWarp; off <<= 1) {
-        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += y;
-      }
+      const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
       uint32_t* counts = s.warp_count[round & 1];
       if (lane == lr::kWarp - 1) counts[warp] = incl;
       __syncthreads();

@@ -197,12 +197,7 @@ struct Run {
 template <int THREADS, typename V>
 __device__ V block_exclusive_sum(V v, V* warp_scratch, V& total) {
   const int lane = threadIdx.x % lr::kWarp, warp = threadIdx.x / lr::kWarp;
-  V incl = v;
-#pragma unroll
-  for (int d = 1; d < lr::kWarp; d <<= 1) {
-    const V y = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += y;
-  }
+  const V incl = lr::warp_inclusive_sum(v, lane);
   if (lane == lr::kWarp - 1) warp_scratch[warp] = incl;
   __syncthreads();
   V before = 0, sum = 0;
