@@ -276,13 +276,14 @@ def _split_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_
     # Which items list their bucket: every part of a row finished alone or whole, or each part by its
     # own share of the bucket.
     each = ((-(-lengths // parts) + 15) // 16 * 16).clamp(min=1)
-    part = ((torch.arange(cols).unsqueeze(0) - starts.unsqueeze(1)) // each.unsqueeze(1)).clamp(0, max(cols - 1, 0))
-    local = torch.zeros((n, cols), dtype=torch.int64).scatter_add_(1, part, in_bucket.to(torch.int64))
+    most = int(parts.max()) if n else 1
+    part = ((torch.arange(cols).unsqueeze(0) - starts.unsqueeze(1)) // each.unsqueeze(1)).clamp(0, most - 1)
+    local = torch.zeros((n, most), dtype=torch.int64).scatter_add_(1, part, in_bucket.to(torch.int64))
     small = need < count
     finished_alone = small & active & ((parts == 1) | alone)
     finished_alone &= count <= torch.where(parts == 1, SPLIT_LISTED, SPLIT_SLOT_LISTED)
     listing_parts = (small & active & ~finished_alone & (parts > 1)).unsqueeze(1) & (
-        local <= SPLIT_LISTED) & (torch.arange(cols).unsqueeze(0) < parts.unsqueeze(1))
+        local <= SPLIT_LISTED) & (torch.arange(most).unsqueeze(0) < parts.unsqueeze(1))
     listed = torch.where(finished_alone, parts, listing_parts.sum(1))
     rounds = torch.where(active, 1, 0)
     going = active & ~finished_alone & (need < count) & (lo != hi)
