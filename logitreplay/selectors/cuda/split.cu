@@ -386,8 +386,8 @@ struct Split {
     __syncthreads();
   }
 
-  // Finish a listed bucket: the `need` largest of its m keys (32-bit form, shared memory, their indices
-  // `pairs` further on, see Sweep) go to slots 0 .. need - 1 of `out`, in any order.
+  // Finish a listed bucket: the `need` largest of its m keys (32-bit form, in shared memory, each key's
+  // index PAIRS words after it) go to slots 0 .. need - 1 of `out`, in any order.
   template <int PAIRS>
   __device__ static void finish(const uint32_t* keys, uint32_t m, uint32_t need, int* out, Smem& s) {
     __syncthreads();  // the keys are in place
