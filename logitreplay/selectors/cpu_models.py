@@ -166,12 +166,6 @@ def _digit(shift: int, bits: int) -> Callable[[torch.Tensor, torch.Tensor], tupl
 _NATIVE_STEPS = [lambda x, key: (f16_bin(x), NATIVE_BINS), _digit(21, 11), _digit(10, 11), _digit(0, 10)]
 
 
-def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                  top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _radix_chunk(x, starts, ends, top_k, _NATIVE_STEPS,
-                        lambda in_bin, remaining: in_bin <= NATIVE_FINAL_ITEMS)
-
-
 def _threshold_bins(slot: torch.Tensor, nbins: int, remaining: torch.Tensor,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row, the threshold bin of an (n, cols) tensor of bins (`nbins` marks cells not counted): the
@@ -184,14 +178,12 @@ def _threshold_bins(slot: torch.Tensor, nbins: int, remaining: torch.Tensor,
     return t, above, hist.gather(1, t.unsqueeze(1)).squeeze(1)
 
 
-def _radix_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int,
-                 steps: list[Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]],
-                 finished: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A histogram radix select over `steps` (each bins the candidates still in play): after each step
-    the elements above the threshold bin are emitted, and a row stops once `finished(in_bin, remaining)`
-    holds for its threshold bin (or after the last step, when the bin holds only exact ties). Returns
-    the indices, the steps each row took, and its last threshold bin's size."""
+def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+                  top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """native's histogram radix select over `_NATIVE_STEPS` (each bins the candidates still in play): after
+    each step the elements above the threshold bin are emitted, and a row stops once its threshold bin
+    holds at most `NATIVE_FINAL_ITEMS` (or after the last step, when the bin holds only exact ties).
+    Returns the indices, the steps each row took, and its last threshold bin's size."""
     n, cols = x.shape
     key = f32_key(x)
     valid = _valid_mask(starts, ends, cols)
@@ -203,7 +195,7 @@ def _radix_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_
     remaining = need.clone()
     passes = torch.zeros(n, dtype=torch.int64)
     final = torch.zeros(n, dtype=torch.int64)
-    for step, bins in enumerate(steps):
+    for step, bins in enumerate(_NATIVE_STEPS):
         if not bool(active.any()):
             break
         b, nbins = bins(x, key)
@@ -214,7 +206,7 @@ def _radix_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_
         cand = torch.where(a, cand & (b == t.unsqueeze(1)), cand)
         remaining = torch.where(active, remaining - above, remaining)
         passes = torch.where(active, step + 1, passes)
-        done = active & (finished(in_bin, remaining) | (step == len(steps) - 1))
+        done = active & ((in_bin <= NATIVE_FINAL_ITEMS) | (step == len(_NATIVE_STEPS) - 1))
         final = torch.where(done, in_bin, final)
         active &= ~done
     # Bins are ordered like values, so every emitted element outranks the threshold bin, whose finishing
