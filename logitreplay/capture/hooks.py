@@ -53,6 +53,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from logitreplay.archive.calls import CallCount, CallRecord, Forward, write_calls
+from logitreplay.capture.policy import decode_rows
 from logitreplay.capture.writer import CaptureWriter
 from logitreplay.errors import CaptureError, LayoutError
 
@@ -262,7 +263,7 @@ class IndexerCapture:
                 width = None
             else:
                 width = int(mask.shape[-1])
-                rows = None if call is None or call.kind != "decode" else call.rows
+                rows = None if call is None else decode_rows(call.kind, call.rows)
                 if not self.selection.wants(site.layer_index, width, rows):
                     return
             if call is None or not isinstance(hidden, torch.Tensor):
@@ -317,7 +318,7 @@ class IndexerCapture:
         attended = None
         if mask is not None:
             starts, ends, attended = row_bounds(mask, (b, s, t), site.name)
-        elif not self.selection.wants(site.layer_index, t, b * s if self.call_kind(s) == "decode" else None):
+        elif not self.selection.wants(site.layer_index, t, decode_rows(self.call_kind(s), b * s)):
             return
         else:
             assert positions is not None

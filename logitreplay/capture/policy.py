@@ -36,6 +36,12 @@ def _bucket(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+def decode_rows(kind: str | None, rows: int) -> int | None:
+    """The rows a call of `kind` ("prefill", "decode") counts in its policy key: its rows for a decode
+    call, None for any other."""
+    return rows if kind == "decode" else None
+
+
 def shape_key(layer: int, width: int, decode_rows: int | None = None) -> tuple[object, ...]:
     """What the default policy keeps one matrix of: (layer, width), or for a decode call of
     `decode_rows` rows ("decode", layer, rows bucket, width bucket)."""

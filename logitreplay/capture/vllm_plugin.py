@@ -83,10 +83,10 @@ from typing import Any
 import torch
 
 from logitreplay.archive.calls import write_calls
-from logitreplay.capture.policy import Policy, PolicyState, parse_size
+from logitreplay.capture.policy import Policy, PolicyState, decode_rows, parse_size
 from logitreplay.capture.vllm_sites import SITES, Call, Site
 from logitreplay.capture.vllm_steps import Steps
-from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter, decode_rows
+from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
 
 log = logging.getLogger("logitreplay.capture")
 
@@ -231,7 +231,7 @@ class VllmCapture:
                              str(call.attrs.get("kind", "prefill")))
             if self.selection.exhausted() or not self._rank_wanted(call.shard is not None):
                 return
-            if not self.selection.wants(call.layer.index, width, decode_rows(call.attrs, rows)):
+            if not self.selection.wants(call.layer.index, width, decode_rows(call.attrs.get("kind"), rows)):
                 return
             writer = self._writer()
             attrs = {**self.provenance, **_model_facts(), **call.attrs, "index_source": site.source,

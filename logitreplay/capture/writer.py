@@ -40,7 +40,7 @@ import torch
 
 from logitreplay.archive import Archive, Case, utc_now
 from logitreplay.archive.decode import capture_rows
-from logitreplay.capture.policy import PolicyState
+from logitreplay.capture.policy import PolicyState, decode_rows
 from logitreplay.errors import ArchiveError
 
 log = logging.getLogger("logitreplay.capture")
@@ -48,11 +48,6 @@ log = logging.getLogger("logitreplay.capture")
 DEFAULT_MAX_PENDING = 8
 DEFAULT_MAX_PENDING_BYTES = 4 << 30
 _WRITERS = itertools.count(1)
-
-
-def decode_rows(attrs: dict[str, Any], rows: int) -> int | None:
-    """The rows a decode call's policy key counts (see `policy.shape_key`), None for any other call."""
-    return rows if attrs.get("kind") == "decode" else None
 
 
 @dataclass
@@ -164,7 +159,7 @@ class CaptureWriter:
             ready.record(torch.cuda.current_stream(matrix.device))
         self._queue.put_nowait(_Staged(layer_index, layer_name, tensors, ready, int(top_k), cols, int(row_stride),
                                        requests, bound_rows, charged, staged, attrs))  # not full: only this thread puts
-        self.selection.record(layer_index, cols, charged, decode_rows(attrs, rows))
+        self.selection.record(layer_index, cols, charged, decode_rows(attrs.get("kind"), rows))
         return True
 
     def note(self, section: str, value: Any) -> None:
@@ -241,7 +236,7 @@ class CaptureWriter:
                     else len(np.unique(starts)) if offsets is None else count_requests(offsets, ends))
         if self.selection.policy.single_request_only and (requests != 1 or starts.any()):
             self.selection.release(item.layer_index, item.cols, item.charged,
-                                   decode_rows(item.attrs, int(matrix.shape[0])))
+                                   decode_rows(item.attrs.get("kind"), int(matrix.shape[0])))
             self.selection.skip("multi_request")
             return
         self._seq += 1
