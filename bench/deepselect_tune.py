@@ -4,7 +4,7 @@ Each variant is the family's source (`deepselect.cu` by default, `split.cu` with
 with some of its compile-time overrides (DeepSelect: `-DLR_DS_THREADS=...`, `LR_DS_ELEMS`, `LR_DS_B2`,
 `LR_DS_BLOCKS`, see the Config comment in the source; split: `LR_SPLIT_THREADS`, `LR_SPLIT_BLOCKS`,
 `LR_SPLIT_CACHE_KB`, `LR_SPLIT_CHUNK_CACHES`, `LR_SPLIT_SHARE_DIV`, `LR_SPLIT_UNROLL`, `LR_SPLIT_FINISH`,
-see the tunables at its top). For every variant:
+`LR_SPLIT_MIN_CHUNK`, see the tunables at its top). For every variant:
 1. correctness: every case of the stress suite (small scale) through the replay checks 1-4, a graph
    replayed after its row ends changed in place (check 5), and the NaN status flag;
 2. timing: the seed-controls shapes at full scale (fp32 and bf16, values drawn on the GPU with the
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -72,6 +73,8 @@ FAMILIES: dict[str, dict[str, dict[str, int]]] = {
         "t1024": {"LR_SPLIT_THREADS": 1024, "LR_SPLIT_BLOCKS": 1, "LR_SPLIT_CACHE_KB": 192},
         "last_part": {"LR_SPLIT_FINISH": 1},
         "together": {"LR_SPLIT_FINISH": 2},
+        "m4k": {"LR_SPLIT_MIN_CHUNK": 4096},
+        "m8k": {"LR_SPLIT_MIN_CHUNK": 8192},
     },
 }
 
@@ -255,7 +258,9 @@ def best_vllm(report: Path) -> dict[str, float]:
 
 
 def timings(kernels: dict[str, Kernel], others: dict[str, Kernel], recipes: list[synth.Recipe],
-            protocol: TimingProtocol, failures: list[str], against: dict[str, float]) -> list[dict]:
+            protocol: TimingProtocol, failures: list[str], against: dict[str, float],
+            saved: Callable[[list[dict]], None]) -> list[dict]:
+    """Every case timed and verified; `saved` gets the rows so far after each (a sweep cut short keeps them)."""
     bandwidth = measure_read_bandwidth(torch.device("cuda"))
     rows = []
     for recipe in recipes:
@@ -291,6 +296,7 @@ def timings(kernels: dict[str, Kernel], others: dict[str, Kernel], recipes: list
                          "upstream": ref,
                          "floor": int((e - s).sum()) * logits.element_size() / bandwidth * 1e6,
                          **{n: t[n].median_us for n in t}})
+            saved(rows)
             del logits
             torch.cuda.empty_cache()
     return rows
@@ -364,7 +370,12 @@ def main() -> int:
         recipes = (synth.recipes("seed-controls", "full") if controls else []) + (
             decode_recipes(args.decode_rows) if args.decode or family == "split" else [])
         against = best_vllm(args.against) if args.against else {}
-        rows = timings(kernels, others, recipes, protocol, tfail, against)
+
+        def saved(rows: list[dict]) -> None:
+            if args.json:
+                args.json.write_text(json.dumps({**report, "timings": rows, "full_scale_failures": tfail}, indent=1))
+
+        rows = timings(kernels, others, recipes, protocol, tfail, against, saved)
         report["timings"] = rows
         report["full_scale_failures"] = tfail
         report["sm_clock_mhz_end"] = sm_clock_mhz(device)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,12 +147,24 @@ def _by_prefix(case: dict[str, Any], prefix: str) -> dict[str, Any] | None:
     return next((r for r in case["results"] if r["selector"].split("@")[0] == prefix), None)
 
 
-def _us(r: dict[str, Any] | None) -> str:
+def _us(r: dict[str, Any] | None, why: dict[str, set[str]] | None = None) -> str:
+    """A result's median, or what it was instead: `n/a` for unsupported (its reason collected into `why`, by
+    selector, for the note under the table), the status itself for anything else (a failure stays visible)."""
     if r is None:
         return "-"
     if r["status"] == "ok" and r.get("timing"):
         return f"{r['timing']['median_us']:.1f}"
-    return f"{r['status']}: {(r.get('reason') or '')[:60]}"
+    if r["status"] == "unsupported":
+        if why is not None:
+            why.setdefault(r["selector"].split("@")[0], set()).add(re.sub(r"^\d+ rows: ", "", r.get("reason") or ""))
+        return "n/a"
+    return r["status"]
+
+
+def _chose(r: dict[str, Any] | None) -> str:
+    """The backend vllm-auto resolved to, read from its note ("... chose X from ...", "... runs X here ...")."""
+    m = re.search(r"(?:chose|runs) (\w+)", (r or {}).get("reason") or "")
+    return m.group(1) if m else "?"
 
 
 def _t(r: dict[str, Any] | None) -> float | None:
@@ -170,6 +183,7 @@ def report(out: Path, md: Path) -> None:
                    "| vllm-auto (chose) | copy | best vLLM | split / best | native / best |",
                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     decode_names = ("vllm-decode", "vllm-persistent", "vllm-cooperative")
+    why: dict[str, set[str]] = {}  # unsupported: the reasons, by selector
     best_fp32: dict[str, float] = {}  # a float32 decode case's best vLLM time, for its bf16 twin
     split_ratios: list[float] = []
     for suite in ("seed-controls", "stress", "own", *DECODE_SUITES):
@@ -183,7 +197,7 @@ def report(out: Path, md: Path) -> None:
             if c.get("kind") == "decode" or c["case_id"].startswith("decode-"):
                 times = [t for t in (_t(_by_prefix(c, n)) for n in decode_names) if t is not None]
                 best = min(times) - cp if times and cp is not None else None
-                twin = c["case_id"].removesuffix("-bf16")
+                twin = c["case_id"].replace("-bf16", "")
                 if best is not None and c["dtype"] == "float32":
                     best_fp32[twin] = best
                 best = best if best is not None else best_fp32.get(twin)
@@ -196,10 +210,9 @@ def report(out: Path, md: Path) -> None:
                     if r > DECODE_TARGET:
                         misses.append(f"{suite}/{c['case_id']}: split {r:.2f}x best vLLM")
                 auto = _by_prefix(c, "vllm-auto")
-                chose = (auto or {}).get("reason") or ""
                 decode_rows.append("| " + " | ".join([
                     c["case_id"], _us(split), _us(nat), _us(_by_prefix(c, "deepselect")),
-                    *(_us(_by_prefix(c, n)) for n in decode_names), f"{_us(auto)} ({chose[:40]})",
+                    *(_us(_by_prefix(c, n), why) for n in decode_names), f"{_us(auto, why)} ({_chose(auto)})",
                     f"{cp:.1f}" if cp is not None else "-", f"{best:.1f}" if best else "-", ratio,
                     f"{_t(nat) / best:.2f}" if best and _t(nat) else "-"]) + " |")
                 continue
@@ -209,8 +222,8 @@ def report(out: Path, md: Path) -> None:
                 ratio = f"{r:.3f}" + ("" if abs(r - 1) <= TOLERANCE else " **miss**")
                 if abs(r - 1) > TOLERANCE:
                     misses.append(f"{suite}/{c['case_id']}: {r:.3f}")
-            row = [_us(nat), _us(up), f"{cp:.1f}" if cp is not None else "-", ratio,
-                   _us(_by_prefix(c, "deepselect")), _us(_by_prefix(c, "vllm-deepselect"))]
+            row = [_us(nat), _us(up, why), f"{cp:.1f}" if cp is not None else "-", ratio,
+                   _us(_by_prefix(c, "deepselect")), _us(_by_prefix(c, "vllm-deepselect"), why)]
             prefill_rows.append(f"| {suite} | {c['case_id']} | " + " | ".join(row) + " |")
     gpu = env.get("gpu") or env.get("device_name") or env.get("device") or "?"
     lines += ["# Fidelity of the bundled kernels to vLLM 0.33's own", "",
@@ -222,11 +235,17 @@ def report(out: Path, md: Path) -> None:
               "into the strided view inside the timed launch: *copy* is that copy timed alone, less the time of "
               "a one-element kernel timed the same way (the fixed cost of a timed replay), and the "
               f"ratio compares native with vLLM's time less it (target: within +-{TOLERANCE:.0%}).", "",
-              "Commands:", "", *[f"    {c}" for c in commands.values()], "", *prefill_rows, "",
-              "Decode shapes (width 163840, sequence lengths mixed 1K-128K): *best vLLM* is the fastest of "
-              "vLLM's three decode kernels less the copy (for a bf16 case: on its float32 twin, since vLLM's "
-              f"decode kernels read float32 on this GPU); target for `split`: within {DECODE_TARGET}x.", "",
-              *decode_rows, ""]
+              "Commands:", "", *[f"    {c}" for c in commands.values()], ""]
+    if len(prefill_rows) > 2:
+        lines += [*prefill_rows, ""]
+    if len(decode_rows) > 2:
+        lines += ["Decode shapes (width 163840, sequence lengths mixed 1K-128K): *best vLLM* is the fastest of "
+                  "vLLM's three decode kernels less the copy (for a bf16 case: on its float32 twin, since vLLM's "
+                  f"decode kernels read float32 on this GPU); target for `split`: within {DECODE_TARGET}x.", "",
+                  *decode_rows, ""]
+    if why:
+        lines += ["*n/a*: the selector declined the case (unsupported, nothing timed): " + "; ".join(
+            f"{name}: {', '.join(sorted(reasons))}" for name, reasons in sorted(why.items())) + ".", ""]
     if split_ratios:
         lines += [f"split / best vLLM over {len(split_ratios)} decode cases: {min(split_ratios):.2f}-"
                   f"{max(split_ratios):.2f}, {sum(r <= DECODE_TARGET for r in split_ratios)} within "

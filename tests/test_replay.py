@@ -170,11 +170,12 @@ def test_cuda_without_a_gpu_is_a_one_line_error() -> None:
 
 def test_inspect_work_shows_native_and_split_needing_more_passes_on_concentrated_values(tmp_path: Path) -> None:
     """Rows long enough (8192) that the first fp16 threshold bin of +100 / *1e-8 scores exceeds 2048, and
-    split's coarse bucket its shared-memory list."""
+    split's coarse bucket its shared-memory list; rows enough (140) that split keeps each whole, so that it
+    lists a normal row's bucket."""
     path = tmp_path / "ablation.zarr"
     archive = Archive.create(path)
     for dist in ("normal", "normal+100", "normal*1e-8"):
-        archive.write(synth.generate(synth.Recipe("test", "b", dist, 16, 8192, 512, "causal", 200)))
+        archive.write(synth.generate(synth.Recipe("test", "b", dist, 140, 8192, 512, "causal", 200)))
     res = CliRunner().invoke(main, ["inspect", str(path), "--work", "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     work = {c["distribution"]: c["work"] for c in json.loads(res.output)["cases"]}

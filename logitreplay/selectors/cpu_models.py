@@ -22,8 +22,8 @@ most `_CHUNK_CELLS` cells; within a chunk every step is a whole-tensor operation
   value. A whole row (or, when the launch has more items than blocks, a split row) whose bucket has at
   most `SPLIT_LISTED` (`SPLIT_SLOT_LISTED`) keys finishes it with a shared-memory select after the first
   round instead. Its work also says how many blocks the kernel's plan cuts each row into (`split_plan`,
-  for an H200's grid) and how many of them listed their bucket (swept a short list instead of their
-  cached keys in later rounds).
+  for an H200's grid) and how many of them listed their bucket (a row listed is finished from its list,
+  with no further round).
 
 All compare values through order-preserving integer keys, as the kernels do, so ties and signed zeros
 behave like the kernels' bit patterns.
@@ -265,18 +265,11 @@ def _split_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_
     lo, hi = (b >> unused for b in split_coarse_range(t))
     need = top_k - above
     in_bucket = lanes & (key >= lo.unsqueeze(1)) & (key <= hi.unsqueeze(1))
-    # Which items list their bucket: every part of a row finished alone or whole, or each part by its
-    # own share of the bucket.
-    each = ((-(-lengths // parts) + 15) // 16 * 16).clamp(min=1)
-    most = int(parts.max()) if n else 1
-    part = ((torch.arange(cols).unsqueeze(0) - starts.unsqueeze(1)) // each.unsqueeze(1)).clamp(0, most - 1)
-    local = torch.zeros((n, most), dtype=torch.int64).scatter_add_(1, part, in_bucket.to(torch.int64))
-    small = need < count
-    finished_alone = small & active & ((parts == 1) | alone)
+    # Rows that list their bucket, every part of them: a whole row, or a split row finished by its last part
+    # alone (parts resolving a row together go on digit by digit over their caches).
+    finished_alone = (need < count) & active & ((parts == 1) | alone)
     finished_alone &= count <= torch.where(parts == 1, SPLIT_LISTED, SPLIT_SLOT_LISTED)
-    listing_parts = (small & active & ~finished_alone & (parts > 1)).unsqueeze(1) & (
-        local <= SPLIT_LISTED) & (torch.arange(most).unsqueeze(0) < parts.unsqueeze(1))
-    listed = torch.where(finished_alone, parts, listing_parts.sum(1))
+    listed = torch.where(finished_alone, parts, 0)
     rounds = torch.where(active, 1, 0)
     going = active & ~finished_alone & (need < count) & (lo != hi)
     while bool(going.any()):

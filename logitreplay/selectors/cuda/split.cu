@@ -12,24 +12,25 @@
 //   items of about total / grid elements (at least kMinChunk, at most what the shared-memory key cache
 //   holds), a row longer than that into several equal parts. With more rows, each row is one item.
 // - Blocks take items in order from a counter in the workspace, split rows' parts first (so that they
-//   start together), so a block that finished a short row takes the next item at once. A block loads
+//   start together), so a block that finished a short row takes the next item at once (its first one
+//   before the plan, whose work hides the counter's round trip). A block loads
 //   its item's keys into shared memory once (with several 16-byte loads in flight per thread; a whole
 //   row longer than the cache, possible only when rows are many, re-reads the rest) and counts their
 //   coarse bins on the way: sign, 5 exponent and 5 mantissa bits of magnitudes in [2^-16, 2^16), 32 bins
 //   per octave (magnitudes outside fall into the outermost bins). The bin holding the k-th largest key
 //   (its bucket) then holds a small fraction of the row on all but concentrated values.
-// - A small bucket is listed: two sweeps over the cache count, then write, every key above the bucket
-//   to the output and the bucket's keys to a list in shared memory (when the item holds at most kListed
-//   of them). It is then finished in one of three ways:
-//   - a whole row's list by the shared-memory select of common.cuh, at once;
-//   - a split row's, when the plan has more items than the grid has blocks, in the row's slot in the
-//     workspace (at most kSlotPairs keys in the row), finished by the last part to leave while the
-//     others take their next items (a wait would idle a block that has other work);
-//   - a split row's otherwise (one wave of items, nothing else to do), by its parts together, the
-//     rounds below sweeping their lists instead of their caches (the last part alone would be a serial
-//     tail of the launch: up to 1.22x slower on 1-8 rows).
+// - A small bucket is listed where that ends the row's select: two sweeps over the cache count, then
+//   write, every key above the bucket to the output and the bucket's keys to a list, then
+//   - a whole row's list (at most kListed keys, in shared memory) is finished by the shared-memory select
+//     of common.cuh, at once;
+//   - a split row's, when the plan has more items than the grid has blocks, goes to the row's slot in the
+//     workspace (at most kSlotPairs keys in the row) and is finished by the last part to leave while the
+//     others take their next items (a wait would idle a block that has other work).
 //   So normal scores take two sweeps over the cache after the load, where the old first digit (the top
 //   11 key bits, 4 bins per octave) took two digit rounds and two emit sweeps.
+// - Otherwise (one wave of items, nothing else to do) a split row's parts resolve the bucket together,
+//   like a large one. Its last part alone would be a serial tail of the launch (up to 1.22x slower on
+//   1-8 rows), and listing it first for rounds over the lists only adds the list's two sweeps.
 // - A large bucket (x + 100, x * 1e-8, ties; magnitudes outside the window) is resolved 11 bits at a
 //   time over the cache (a round per digit, stopping as soon as the threshold digit's bucket is taken
 //   whole or holds one key value), then two sweeps emit the keys above it and the first of its keys
@@ -37,9 +38,9 @@
 // - The parts of a split row add their histograms into the row's slot and wait for each other at the
 //   slot's arrival counter (no grid-wide barrier: items of other rows go on), then all compute the same
 //   threshold. One pair of atomics per item reserves its output slots and its share of the bucket.
-// - The last part to leave a row zeroes its slot, and the last block to leave the launch resets the item
-//   counter, so the workspace is back to zero after every launch and the next launch (or graph replay)
-//   needs no clearing.
+// - The last part to leave a row zeroes its slot, and the block that takes the launch's last number from
+//   the item counter (every block takes one past the plan's items) resets it, so the workspace is back to
+//   zero after every launch and the next launch (or graph replay) needs no clearing.
 // - Histograms are counted with a run-length combine per thread: rows concentrated in one bin (x + 100,
 //   x * 1e-8, ties) cost one shared-memory atomic per run instead of one per element.
 //
@@ -52,7 +53,11 @@
 //
 // Measured and not used (bench/FIDELITY.md, bench/RESULTS.md): the last part finishing every split row's
 // list (LR_SPLIT_FINISH=1: up to 1.22x slower on 1-8 rows), or the parts resolving it together whatever
-// the plan (LR_SPLIT_FINISH=2: up to 1.15x slower on 256-512 rows, 0.92-1.0x on 1-130); blocks of 256
+// the plan (LR_SPLIT_FINISH=2: up to 1.15x slower on 256-512 rows); parts resolving it together over
+// their lists instead of their caches (0.9 us more in the kernel on 1 row); items of at least 4096 keys
+// (up to 1.1x slower on 1-8 rows) or 8192; a block taking its next item as soon as its current one will
+// wait no more (a part of a split row then starts late, its row's other parts wait for it: up to 1.17x
+// slower on 256-512 rows); blocks of 256
 // threads, 4 per multiprocessor (up to 1.30x slower on 1-64 rows) or of 1024, one per multiprocessor with
 // a 192 KiB cache (1.1-1.3x slower); items of up to 2-8 caches' worth of keys, re-reading the rest (up to
 // 1.3x slower on 64-128 rows, at most 5% faster on 512); 8 loads in flight instead of 4 (no faster); when
@@ -87,7 +92,10 @@
 #define LR_SPLIT_UNROLL 4  // 16-byte loads in flight per thread while an item is loaded
 #endif
 #ifndef LR_SPLIT_FINISH
-#define LR_SPLIT_FINISH 0  // who finishes a split row's listed bucket: 0 by the plan, 1 its last part, 2 all its parts
+#define LR_SPLIT_FINISH 0  // who finishes a split row's small bucket: 0 by the plan, 1 its last part, 2 all its parts
+#endif
+#ifndef LR_SPLIT_MIN_CHUNK
+#define LR_SPLIT_MIN_CHUNK 2048  // the fewest keys in an item of a split row
 #endif
 
 namespace {
@@ -100,7 +108,7 @@ constexpr int kChunkCaches = LR_SPLIT_CHUNK_CACHES;
 constexpr int kShareDiv = LR_SPLIT_SHARE_DIV;
 constexpr int kLoadUnroll = LR_SPLIT_UNROLL;
 constexpr int kFinish = LR_SPLIT_FINISH;
-constexpr int kMinChunk = 4096;   // below this, splitting costs more in barriers than it saves
+constexpr int kMinChunk = LR_SPLIT_MIN_CHUNK;  // below this, splitting costs more in barriers than it saves
 constexpr int kSplitRows = 1024;  // more rows than this fill the GPU whole: rows are not split
 constexpr int kMaxTopK = 1 << 20;      // output goes straight to global memory: no slot staging limit
 constexpr int kSlotHist = 4 * kBins;   // words of a slot's histograms: the coarse round and up to 3 digits
@@ -154,11 +162,11 @@ struct Keys<__nv_bfloat16> {
   __device__ __forceinline__ static uint32_t key(float x) { return lr::f32_key(x) >> 16; }
 };
 
-// The launch's item counter: items taken, and blocks that have left.
+// The launch's item counter: items taken (each block takes one more than it holds: the last of those
+// takes, number items + grid - 1, resets it for the next launch).
 struct Work {
   uint32_t next;
-  uint32_t done;
-  uint32_t reserved[62];
+  uint32_t reserved[63];
 };
 static_assert(sizeof(Work) == 256, "the item counter is 256 bytes");
 
@@ -175,6 +183,25 @@ struct Slot {
 long long workspace_size(int rows) {
   const long long slots = rows <= kSplitRows ? rows : 0;
   return static_cast<long long>(sizeof(LrStatus) + sizeof(Work)) + slots * static_cast<long long>(sizeof(Slot));
+}
+
+// The arrivals of a split row's parts, at device scope: a release add after a block barrier publishes the
+// whole block's earlier writes, an acquire load (or the acquire half of an acq_rel add) before one makes
+// the other parts' visible to the block (the pattern of a grid barrier, lighter than two full fences).
+__device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
 // Per-thread run-length combine of histogram increments (see the header comment).
@@ -231,7 +258,7 @@ struct Split {
     unsigned long long scratch[kThreads / lr::kWarp];
     lr::ScanScratch<kThreads> scan;
     lr::SelectScratch<kThreads> sel;
-    int items, item;  // items in the plan; the one this block holds
+    int items, next;  // items in the plan; the next one this block holds
     uint32_t count, ties;  // a whole row's keys above the bucket and in it, counted so far
     uint32_t local;        // this item's keys in the threshold bin of the last round
     uint32_t listed;       // this item's coarse bucket keys listed so far
@@ -258,20 +285,14 @@ struct Split {
   }
 
   // The keys an item sweeps, f(key, index in the row): its cache (and the rest of a whole row longer than
-  // the cache), or, once listed, its list of coarse bucket keys.
+  // the cache).
   struct Sweep {
     const Key* cache;
     const T* src;
     int n, first;
-    const uint32_t* list = nullptr;  // keys (32-bit form), then their indices at + kListed
-    int m = 0;
     template <typename F>
     __device__ __forceinline__ void operator()(F&& f) const {
-      if (list != nullptr) {
-        for (int j = threadIdx.x; j < m; j += kThreads) f(list[j] >> K::kUnused, static_cast<int>(list[kListed + j]));
-      } else {
-        for_each_key(cache, src, n, [&](uint32_t key, int i) { f(key, first + i); });
-      }
+      for_each_key(cache, src, n, [&](uint32_t key, int i) { f(key, first + i); });
     }
   };
 
@@ -316,9 +337,12 @@ struct Split {
     }
     // Split rows first: their parts then start together, in the first wave of blocks, instead of
     // waiting for each other behind whole rows taken in between.
-    unsigned long long splits = 0, wholes = 0;
-    int at = static_cast<int>(block_exclusive_sum<kThreads>(split_mine, s.scratch, splits));
-    int wat = static_cast<int>(block_exclusive_sum<kThreads>(whole_mine, s.scratch, wholes));
+    // One sum of both counts: split parts in the high word, whole rows (at most kSplitRows) in the low one.
+    unsigned long long both = 0;
+    const unsigned long long before = block_exclusive_sum<kThreads>(split_mine << 32 | whole_mine, s.scratch, both);
+    const unsigned long long splits = both >> 32, wholes = both & 0xFFFFFFFFu;
+    int at = static_cast<int>(before >> 32);
+    int wat = static_cast<int>(before & 0xFFFFFFFFu);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int r = tid * kPer + j;
@@ -338,16 +362,13 @@ struct Split {
     __syncthreads();
   }
 
-  // Every part has added its round-j histogram to the slot: arrive and wait for the others. One fence by
-  // the arriving thread after the barrier covers the whole block's atomics (fences are cumulative).
+  // Every part has added its round-j histogram to the slot: arrive and wait for the others.
   __device__ static void arrive_and_wait(Slot* slot, uint32_t target) {
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(&slot->arrive, 1u);
-      while (*reinterpret_cast<volatile uint32_t*>(&slot->arrive) < target) {
+      add_release(&slot->arrive, 1u);
+      while (load_acquire(&slot->arrive) < target) {
       }
-      __threadfence();
     }
     __syncthreads();
   }
@@ -474,13 +495,13 @@ struct Split {
     uint32_t need = static_cast<uint32_t>(top_k) - t.above;
     int* tail = out_row + (static_cast<uint32_t>(top_k) - need);
     Sweep sweep{cache, src, n, lo};
-    // How a small bucket is finished (see the header comment): by this block, by the row's last part
-    // alone (a split row when blocks have other items to take), or by all its parts together.
+    // How a small bucket is finished (see the header comment): listed, by this block or by a split row's
+    // last part alone (when blocks have other items to take), or by all its parts together, digit by digit.
     const bool alone = split && (kFinish == 0 ? s.items > static_cast<int>(gridDim.x) : kFinish == 1);
     uint32_t* const list = alone ? slot->hist + kBins : nullptr;  // keys (32-bit form), then indices
     if (tid == 0) s.listed = 0;
     __syncthreads();  // s.local, s.listed
-    const bool listed = need < t.count && (alone ? t.count <= kSlotPairs : s.local <= kListed);
+    const bool listed = need < t.count && (alone ? t.count <= kSlotPairs : !split && s.local <= kListed);
     if (listed) {
       // List the bucket's keys, emitting the keys above it.
       emit(sweep, b_lo, b_hi, count, alone ? ties : &s.listed, out_row, s, [&](uint32_t key, int i, uint32_t rank) {
@@ -495,17 +516,6 @@ struct Split {
       if (!split) {
         finish<kListed>(s.hist, t.count, need, tail, s);
         return;
-      }
-      if (!alone) {  // the list moves into the cache, which is no longer needed; the rounds sweep it
-        auto* moved = reinterpret_cast<uint32_t*>(cache);
-        const int m = static_cast<int>(s.listed);
-        for (int j = tid; j < m; j += kThreads) {
-          moved[j] = s.hist[j];
-          moved[kListed + j] = s.hist[kListed + j];
-        }
-        __syncthreads();
-        sweep.list = moved;
-        sweep.m = m;
       }
     }
     int rounds = 1;
@@ -535,11 +545,8 @@ struct Split {
         if (rank < need) tail[rank] = i;
       });
     if (!split) return;
-    if (tid == 0) {
-      __threadfence();
-      s.last = atomicAdd(&slot->arrive, 1u) == static_cast<uint32_t>(parts * (rounds + 1) - 1);
-      if (s.last) __threadfence();  // the other parts' list entries are seen
-    }
+    if (tid == 0)  // the last part sees the other parts' list entries
+      s.last = add_acq_rel(&slot->arrive, 1u) == static_cast<uint32_t>(parts * (rounds + 1) - 1);
     __syncthreads();
     if (!s.last) return;
     // Every other part has left: finish the row's list, if it has one, and clear the slot for the next
@@ -567,13 +574,16 @@ __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
   __shared__ typename S::Smem s;
   extern __shared__ __align__(16) unsigned char cache_raw[];
   auto* cache = reinterpret_cast<typename S::Key*>(cache_raw);
-  S::plan(row_starts, row_ends, rows, top_k, s);
+  // The block's first item is taken before the plan, so that the counter's round trip overlaps it.
+  if (threadIdx.x == 0) s.next = static_cast<int>(atomicAdd(&work->next, 1u));
+  S::plan(row_starts, row_ends, rows, top_k, s);  // ends with a barrier: s.next is published
   const bool whole = rows > kSplitRows;
   for (;;) {
-    if (threadIdx.x == 0) s.item = static_cast<int>(atomicAdd(&work->next, 1u));
-    __syncthreads();
-    const int i = s.item;
-    if (i >= s.items) break;
+    const int i = s.next;
+    if (i >= s.items) {  // the last block to take resets the counter for the next launch
+      if (threadIdx.x == 0 && i == s.items + static_cast<int>(gridDim.x) - 1) work->next = 0;
+      break;
+    }
     int row = i, part = 0, parts = 1;
     if (!whole) {  // the row whose items include i: the last r whose bound is at most i's place
       const bool split = i < s.splits;
@@ -591,13 +601,8 @@ __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
     S::item(row, part, parts, logits, row_stride, row_starts, row_ends, top_k, out, out_stride, slots, status, s,
             cache);
     __syncthreads();  // shared memory is reused by the next item
-  }
-  if (threadIdx.x == 0) {  // the last block out resets the counter for the next launch
-    __threadfence();
-    if (atomicAdd(&work->done, 1u) == gridDim.x - 1) {
-      work->next = 0;
-      work->done = 0;
-    }
+    if (threadIdx.x == 0) s.next = static_cast<int>(atomicAdd(&work->next, 1u));
+    __syncthreads();
   }
 }
 
