@@ -38,6 +38,7 @@ from types import SimpleNamespace
 from typing import cast
 
 import torch
+from fidelity import VLLM_DECODE  # bench/, beside this script: the split family's reference (see --against)
 
 from logitreplay.archive import Case
 from logitreplay.datasets import synth
@@ -77,9 +78,6 @@ FAMILIES: dict[str, dict[str, dict[str, int]]] = {
         "m8k": {"LR_SPLIT_MIN_CHUNK": 8192},
     },
 }
-
-# The vLLM decode kernels whose best time is the split family's reference (see --against).
-VLLM_DECODE = ("vllm-decode", "vllm-persistent", "vllm-cooperative")
 
 # Upstream DeepSelect on an H200 (cold L2, CUDA graph), microseconds: (fp32, bf16), keyed by
 # (distribution, cols, rows, top_k).

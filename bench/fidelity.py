@@ -34,6 +34,8 @@ TOLERANCE = 0.05
 DECODE_TARGET = 1.25  # split within 1.25x of the best vLLM decode kernel
 DECODE_SUITES = ("decode", "decode-bf16")
 DECODE_WIDTH = 163840
+# vLLM 0.33's decode kernels, whose best time is split's reference (also bench/deepselect_tune.py's).
+VLLM_DECODE = ("vllm-decode", "vllm-persistent", "vllm-cooperative")
 
 
 def own_cases() -> list[Any]:
@@ -182,7 +184,6 @@ def report(out: Path, md: Path) -> None:
     decode_rows = ["| case | split | native | deepselect | per_row decode | persistent | cooperative "
                    "| vllm-auto (chose) | copy | best vLLM | split / best | native / best |",
                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    decode_names = ("vllm-decode", "vllm-persistent", "vllm-cooperative")
     why: dict[str, set[str]] = {}  # unsupported: the reasons, by selector
     best_fp32: dict[str, float] = {}  # a float32 decode case's best vLLM time, for its bf16 twin
     split_ratios: list[float] = []
@@ -195,7 +196,7 @@ def report(out: Path, md: Path) -> None:
             cp = copy.get(key)
             nat, up = _by_prefix(c, "native"), _by_prefix(c, "vllm-native")
             if c.get("kind") == "decode" or c["case_id"].startswith("decode-"):
-                times = [t for t in (_t(_by_prefix(c, n)) for n in decode_names) if t is not None]
+                times = [t for t in (_t(_by_prefix(c, n)) for n in VLLM_DECODE) if t is not None]
                 best = min(times) - cp if times and cp is not None else None
                 twin = c["case_id"].replace("-bf16", "")
                 if best is not None and c["dtype"] == "float32":
@@ -212,7 +213,7 @@ def report(out: Path, md: Path) -> None:
                 auto = _by_prefix(c, "vllm-auto")
                 decode_rows.append("| " + " | ".join([
                     c["case_id"], _us(split), _us(nat), _us(_by_prefix(c, "deepselect")),
-                    *(_us(_by_prefix(c, n), why) for n in decode_names), f"{_us(auto, why)} ({_chose(auto)})",
+                    *(_us(_by_prefix(c, n), why) for n in VLLM_DECODE), f"{_us(auto, why)} ({_chose(auto)})",
                     f"{cp:.1f}" if cp is not None else "-", f"{best:.1f}" if best else "-", ratio,
                     f"{_t(nat) / best:.2f}" if best and _t(nat) else "-"]) + " |")
                 continue
