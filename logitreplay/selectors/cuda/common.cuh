@@ -32,20 +32,27 @@ namespace lr {
 
 constexpr int kWarp = 32;
 
+// A fact of the current device that costs a driver call to find, found once per device and remembered
+// (devices 0-63): find(device) gives it, 0 when it cannot be found yet (asked again next time). Each
+// caller's lambda is a distinct type, so each use has its own memory. Not a stream operation, so also
+// safe while a graph is being captured. 0 when the device cannot be queried.
+template <typename Find>
+int per_device(Find&& find) {
+  static std::atomic<int> known[64];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
+  int v = known[device].load();
+  if (v == 0 && (v = find(device)) != 0) known[device].store(v);
+  return v;
+}
+
 // Let `Kernel` use `bytes` of dynamic shared memory on the current device: above 48 KiB a kernel must opt
-// in, and the attribute belongs to the (kernel, device) pair, so it is set once per device and
-// remembered (devices 0-63). Not a stream operation, so also safe while a graph is being captured.
-// False when the device cannot be queried or refuses.
+// in, and the attribute belongs to the (kernel, device) pair. False when the device refuses.
 template <auto Kernel>
 bool allow_smem(int bytes) {
-  static std::atomic<uint64_t> allowed{0};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
-  const uint64_t bit = 1ull << device;
-  if (allowed.load() & bit) return true;
-  if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return false;
-  allowed.fetch_or(bit);
-  return true;
+  return per_device([bytes](int) {
+    return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess ? 1 : 0;
+  }) != 0;
 }
 
 // ------------------------------------------------------------------------------ order-preserving keys

@@ -66,8 +66,6 @@
 // bound by its passes over the cache, not by its stores).
 //
 // Entry points, workspace and status: see topk_api.h.
-#include <atomic>
-
 #include "common.cuh"
 #include "topk_api.h"
 
@@ -610,19 +608,14 @@ __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
 // launch requires), found once per device and dtype; 0 when the device cannot be queried.
 template <typename T>
 int grid_blocks() {
-  static std::atomic<int> cached[64];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
-  int blocks = cached[device].load();
-  if (blocks > 0) return blocks;
-  int sms = 0, per_sm = 0;
-  if (!lr::allow_smem<split_kernel<T>>(kCacheBytes) ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_kernel<T>, kThreads, kCacheBytes) != cudaSuccess)
-    return 0;
-  blocks = sms * per_sm;
-  cached[device].store(blocks);
-  return blocks;
+  return lr::per_device([](int device) {
+    int sms = 0, per_sm = 0;
+    if (!lr::allow_smem<split_kernel<T>>(kCacheBytes) ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_kernel<T>, kThreads, kCacheBytes) != cudaSuccess)
+      return 0;
+    return sms * per_sm;
+  });
 }
 
 template <typename T>
