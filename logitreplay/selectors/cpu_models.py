@@ -44,7 +44,7 @@ NATIVE_FINAL_ITEMS = 2048
 # The split kernel's plan (split.cu) on an H200: its grid (132 SMs, 2 blocks each), smallest chunk, key
 # cache and the most rows it splits.
 SPLIT_GRID = 264
-SPLIT_MIN_CHUNK = 4096
+SPLIT_MIN_CHUNK = 2048
 SPLIT_CACHE_BYTES = 96 << 10
 SPLIT_ROWS = 1024
 SPLIT_LISTED = 1024       # the coarse bucket keys an item lists in shared memory
