@@ -38,7 +38,7 @@ from types import SimpleNamespace
 from typing import cast
 
 import torch
-from fidelity import VLLM_DECODE  # bench/, beside this script: the split family's reference (see --against)
+from fidelity import best_decode_us  # bench/, beside this script: the split family's reference
 
 from logitreplay.archive import Case
 from logitreplay.datasets import synth
@@ -246,13 +246,8 @@ def decode_recipes(max_rows: int) -> list[synth.Recipe]:
 
 def best_vllm(report: Path) -> dict[str, float]:
     """Per case id of a replay report: the best median of vLLM's decode kernels there."""
-    best: dict[str, float] = {}
-    for case in json.loads(report.read_text())["cases"]:
-        times = [r["timing"]["median_us"] for r in case["results"]
-                 if r["selector"].split("@")[0] in VLLM_DECODE and r["status"] == "ok" and r.get("timing")]
-        if times:
-            best[case["case_id"]] = min(times)
-    return best
+    cases = json.loads(report.read_text())["cases"]
+    return {c["case_id"]: t for c in cases if (t := best_decode_us(c)) is not None}
 
 
 def timings(kernels: dict[str, Kernel], others: dict[str, Kernel], recipes: list[synth.Recipe],

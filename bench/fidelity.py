@@ -173,6 +173,13 @@ def _t(r: dict[str, Any] | None) -> float | None:
     return r["timing"]["median_us"] if r is not None and r["status"] == "ok" and r.get("timing") else None
 
 
+def best_decode_us(case: dict[str, Any]) -> float | None:
+    """The fastest of vLLM's decode kernels on a case of a replay report (its median, copy included), or
+    None where none of them ran."""
+    times = [t for t in (_t(_by_prefix(case, n)) for n in VLLM_DECODE) if t is not None]
+    return min(times) if times else None
+
+
 def report(out: Path, md: Path) -> None:
     copy = json.loads((out / "copy.json").read_text())
     commands = json.loads((out / "commands.json").read_text())
@@ -196,8 +203,8 @@ def report(out: Path, md: Path) -> None:
             cp = copy.get(key)
             nat, up = _by_prefix(c, "native"), _by_prefix(c, "vllm-native")
             if c.get("kind") == "decode" or c["case_id"].startswith("decode-"):
-                times = [t for t in (_t(_by_prefix(c, n)) for n in VLLM_DECODE) if t is not None]
-                best = min(times) - cp if times and cp is not None else None
+                fastest = best_decode_us(c)
+                best = fastest - cp if fastest is not None and cp is not None else None
                 twin = c["case_id"].replace("-bf16", "")
                 if best is not None and c["dtype"] == "float32":
                     best_fp32[twin] = best
