@@ -229,11 +229,14 @@ __device__ ThresholdBin block_threshold_bin(const uint32_t* hist, uint32_t need,
 // The top `m` of n candidate keys, as a rule: every key with (key & mask) > prefix is selected, plus the
 // first `ties` keys (in any order) with (key & mask) == prefix. `mask` keeps the top bits fixed so far
 // (all 32 when the m-th key was resolved exactly), so `prefix` is a lower bound of the m-th largest key
-// and exact when mask == ~0u: a safe threshold to raise to.
+// and exact when mask == ~0u: a safe threshold to raise to. `count` is how many keys have
+// (key & mask) == prefix (ties <= count): with it a caller knows how many keys are at or above the rule's
+// threshold, m - ties + count.
 struct SelectRule {
   uint32_t mask;
   uint32_t prefix;
   uint32_t ties;
+  uint32_t count;
 };
 
 template <int THREADS>
@@ -245,14 +248,38 @@ struct SelectScratch {
   uint32_t emitted;
 };
 
+// The selection rule for the `m` largest of a key set spread over the block, by up to four 8-bit radix
+// passes that stop early once the threshold digit's bucket is taken whole. `for_each_key(f)` calls
+// f(key) for each of this thread's keys (the set holds at least m keys). KEY_BITS < 32 says only the top
+// KEY_BITS bits are resolved (16 for the fp32 keys of bf16 values; for other keys `prefix` is then a
+// lower bound of the m-th key, and keys equal in those bits are taken as ties). A barrier comes before
+// the first key is read and another ends it, so the keys may be placed just before and `s` reused after.
+template <int THREADS, int KEY_BITS = 32, typename ForEachKey>
+__device__ SelectRule radix_select_rule(ForEachKey&& for_each_key, int m, SelectScratch<THREADS>& s) {
+  static_assert(KEY_BITS % 8 == 0 && KEY_BITS >= 8 && KEY_BITS <= 32, "whole 8-bit digits");
+  uint32_t mask = 0, prefix = 0, need = static_cast<uint32_t>(m), count = 0;
+  for (int shift = 24; shift >= 32 - KEY_BITS; shift -= 8) {
+    smem_fill<THREADS>(s.hist, 256, 0u);
+    __syncthreads();
+    for_each_key([&](uint32_t key) {
+      if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255u], 1u);
+    });
+    __syncthreads();
+    const ThresholdBin t = block_threshold_bin<THREADS, 256>(s.hist, need, s.scan);
+    mask |= 255u << shift;
+    prefix |= static_cast<uint32_t>(t.bin) << shift;
+    need -= t.above;
+    count = t.count;
+    if (need == count) break;  // the whole bucket is selected: no need to resolve it further
+  }
+  return SelectRule{mask, prefix, need, count};
+}
+
 // Find the selection rule for the `m` largest of keys[0 .. n) (shared memory, 1 <= m <= n). Up to
 // THREADS candidates are ranked directly (one compare loop per thread, no barriers); larger sets take
-// up to four 8-bit radix passes, stopping early once the threshold digit's bucket is taken whole.
-// KEY_BITS < 32 says only the top KEY_BITS bits of the keys carry information (16 for the fp32 keys of
-// bf16 values), so the passes stop there and equal keys are then taken as ties.
+// radix_select_rule's passes.
 template <int THREADS, int KEY_BITS = 32>
 __device__ SelectRule smem_select_rule(const uint32_t* keys, int n, int m, SelectScratch<THREADS>& s) {
-  static_assert(KEY_BITS % 8 == 0 && KEY_BITS >= 8 && KEY_BITS <= 32, "whole 8-bit digits");
   const int tid = threadIdx.x;
   if (n <= THREADS) {
     if (tid < n) {
@@ -263,27 +290,17 @@ __device__ SelectRule smem_select_rule(const uint32_t* keys, int n, int m, Selec
         gt += o > key;
         eq += o == key;
       }
-      if (gt < m && gt + eq >= m) s.rule = SelectRule{~0u, key, static_cast<uint32_t>(m - gt)};
+      if (gt < m && gt + eq >= m)
+        s.rule = SelectRule{~0u, key, static_cast<uint32_t>(m - gt), static_cast<uint32_t>(eq)};
     }
     __syncthreads();
     return s.rule;
   }
-  uint32_t mask = 0, prefix = 0, need = static_cast<uint32_t>(m);
-  for (int shift = 24; shift >= 32 - KEY_BITS; shift -= 8) {
-    smem_fill<THREADS>(s.hist, 256, 0u);
-    __syncthreads();
-    for (int i = tid; i < n; i += THREADS) {
-      const uint32_t key = keys[i];
-      if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    const ThresholdBin t = block_threshold_bin<THREADS, 256>(s.hist, need, s.scan);
-    mask |= 255u << shift;
-    prefix |= static_cast<uint32_t>(t.bin) << shift;
-    need -= t.above;
-    if (need == t.count) break;  // the whole bucket is selected: no need to resolve it further
-  }
-  return SelectRule{mask, prefix, need};
+  return radix_select_rule<THREADS, KEY_BITS>(
+      [&](auto&& f) {
+        for (int i = tid; i < n; i += THREADS) f(keys[i]);
+      },
+      m, s);
 }
 
 // Apply a rule: calls sink(i) once for each selected candidate i (exactly m calls in all). Each caller

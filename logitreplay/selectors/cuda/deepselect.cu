@@ -2,32 +2,49 @@
 //
 // One block per row. The row is cut into segments of kSeg elements (one warp's share of a round) that
 // are visited in a fixed pseudo-random order, a round of one segment per warp at a time. An element
-// enters the shared-memory candidate buffer only if it is above the threshold T (T starts as NaN, which
-// every comparison below lets through, i.e. "below everything"). When the buffer reaches top_k + kB2
-// candidates it is cut back to the top_k largest by the shared-memory radix select of common.cuh, and T
-// rises to a lower bound of the k-th largest key. After the last round one more select leaves exactly
-// top_k. Every input element is read once; the work besides the read is a few selects of a few thousand
-// shared-memory candidates per row, whose count barely depends on the value distribution (the random
-// visit order is what keeps sorted or adversarial rows from letting everything in).
+// enters the shared-memory candidate buffer only if it passes the threshold T (T starts as NaN, which
+// every comparison below lets through, i.e. "below everything"). After the last round one select
+// leaves exactly top_k. Every input element is read once.
+//
+// Where T comes from, in the order a row meets it:
+// 1. The first round's own registers: the block's radix select (common.cuh) finds the round's key of
+//    rank r without the round being written anywhere, and T becomes that key (elements at or above it
+//    enter). r is not top_k but `keep_rank`: about as many of the row's top_k as the round is likely to
+//    hold, plus a wide margin. That is a bet that T is still at or below the row's k-th value.
+// 2. With the bet placed, the later rounds add few candidates (about r per round's worth of the row),
+//    so they run free: no barrier per round, one shared atomic per warp, no compaction. At the end the
+//    bet is checked: if fewer than top_k candidates remain, or the buffer overflowed, the row is redone
+//    exactly (r = top_k and a barrier per round). The redo is rare (none in any simulated distribution:
+//    normal, ties, constant, sorted, trending rows; forced in tests/gpu/test_deepselect.py) and costs
+//    one more pass over the row.
+// 3. In the exact pass (and rows the first step does not apply to), the classic rule: when the buffer
+//    reaches top_k + kB2 candidates it is cut back by the shared-memory select, and T rises to a lower
+//    bound of the k-th largest key (or, speculating, of the keep_rank-th).
+// The work besides the read is then one radix select over the first round's registers and one select of
+// about top_k + a margin candidates per row, whose count barely depends on the value distribution (the
+// random visit order keeps sorted or adversarial rows from letting everything in).
 //
 // Why each piece:
 // - Visit order: segment i of the row is visited as number (i * a + c) mod m, with a = P mod m for a
 //   prime P > m, so a is coprime with m (a permutation) and costs one modulo per row.
 // - Loads: 16-byte, coalesced (a warp reads 512 contiguous bytes per load instruction), the next round
-//   in flight in registers while this one is filtered, appended and possibly compacted.
+//   in flight in registers while this one is filtered and appended.
 // - Comparisons: `!(x <= T)` is one unordered compare: NaN both as T (start) and as x (every NaN in the
 //   row becomes a candidate, so NaN is detected among candidates only, never per element).
-// - Appends: a warp-level popcount scan plus one barrier per round places every accepted element; the
-//   per-warp totals alternate between two slots so no second barrier is needed before the next round.
+// - Appends: a warp-level popcount scan, then either one barrier per round (the per-warp totals
+//   alternate between two slots, so no second barrier is needed before the next round) or, in free
+//   rounds, one shared atomic per warp.
 // - bf16 keys use the fp32 key of the (exact) fp32 value; its low 16 bits carry no information, so the
-//   select resolves 16 bits (two radix passes) instead of 32.
+//   selects resolve 16 bits (two radix passes) instead of 32.
 //
 // Measured and not used (bench/RESULTS.md): a row split over a thread-block cluster (1.6-2.1x slower:
-// every part restarts its threshold and compacts its own first rounds), and more loads in flight (two
-// rounds were no faster: the kernel is bound by its selects and barriers, not by load latency), which
-// is also why bulk (TMA) copies into shared memory were not pursued.
+// every part restarts its threshold and compacts its own first rounds), more loads in flight (two
+// rounds were no faster, and cost registers), and a first threshold from per-warp bit-serial selects
+// (the 16-24 dependent warp reductions cost more than the block select they replace).
 //
 // Entry points, workspace and status: see topk_api.h.
+
+#include <type_traits>
 
 #include "common.cuh"
 #include "topk_api.h"
@@ -42,9 +59,17 @@ namespace {
 //   kB2       candidates appended since the last compaction that trigger the next one
 //   kDepth    rounds whose loads are in flight while a round is processed
 //   kBlocks   blocks per multiprocessor the register budget is sized for (__launch_bounds__)
+//   kSpec     0 turns the speculative threshold off (every compaction keeps top_k; see `keep_rank`)
+//   kFirst    0 takes the first round whole instead of thresholding it from its registers
+//   kFree     0 keeps the barrier of every round after a speculative first threshold (see `free`)
 // WIDE: rows of at least kWideStride elements (judged by the row stride, since the bounds stay on the
-// device), where longer rounds pay; only the classes up to 1024 have a wide variant.
-constexpr long long kWideStride = 65536;
+// device), where longer rounds pay; only the classes up to 1024 have a wide variant. 16384, not 65536
+// since the first threshold came from registers: 25600 and 51200 columns then gain 5-19% (bf16 most).
+#ifdef LR_DS_WIDE_STRIDE
+constexpr long long kWideStride = LR_DS_WIDE_STRIDE;
+#else
+constexpr long long kWideStride = 16384;
+#endif
 
 template <typename T, int K_MAX, bool WIDE>
 struct Config {
@@ -56,8 +81,8 @@ struct Config {
 #ifdef LR_DS_ELEMS
   static constexpr int kElems = LR_DS_ELEMS;
 #else
-  // 8 beat 16 up to 51200 columns (by 3-20%): a smaller first compaction (the first round is taken
-  // whole) and less shared memory, so more blocks per SM; at 102400 columns 16 wins by about 14%.
+  // 8 beats 16 on short rows (8192 columns: 152 against 189 us bf16): fewer elements per round to
+  // rank for the first threshold, less shared memory, so more blocks per SM; 16 wins on wide rows.
   static constexpr int kElems = WIDE ? 16 : 8;
 #endif
   static constexpr int kVecs = kElems * static_cast<int>(sizeof(T)) / 16;
@@ -79,7 +104,33 @@ struct Config {
   // spilled registers (48 registers at 5 blocks of 256 threads).
   static constexpr int kBlocks = WIDE ? (K_MAX <= 512 ? 4 : 3) : K_MAX <= 1024 ? 5 : K_MAX <= 2048 ? 3 : 1;
 #endif
+#ifdef LR_DS_SPEC
+  static constexpr bool kSpec = LR_DS_SPEC != 0;
+#else
+  static constexpr bool kSpec = true;
+#endif
+#ifdef LR_DS_FIRST
+  static constexpr bool kFirst = LR_DS_FIRST != 0;
+#else
+  static constexpr bool kFirst = true;
+#endif
+#ifdef LR_DS_FREE
+  static constexpr bool kFree = LR_DS_FREE != 0;
+#else
+  static constexpr bool kFree = true;
+#endif
 };
+
+// The speculative rank of a compaction after `seen` of a row's `len` elements: of the row's top_k, about
+// mu = top_k * seen / len lie in what was seen (hypergeometric, standard deviation below sqrt(mu)), so
+// the rank-r key of the candidates, with r four deviations and 16 above mu, is with overwhelming
+// probability still at or below the row's k-th largest: a much higher threshold than the k-th of what
+// was seen, which is what the exact rule uses. The margin's constants were chosen on simulated rows
+// (normal, ties, constant, sorted, trending; none fell back).
+__device__ __forceinline__ int keep_rank(int top_k, int seen, int len) {
+  const float mu = static_cast<float>(top_k) * static_cast<float>(seen) / static_cast<float>(len);
+  return min(top_k, static_cast<int>(ceilf(mu + 4.0f * sqrtf(mu) + 16.0f)));
+}
 
 // A prime above any segment count (fewer than 2^31 / 128): its residue modulo m is coprime with m.
 constexpr uint32_t kPermPrime = 2654435761u;
@@ -87,6 +138,13 @@ constexpr uint32_t kPermPrime = 2654435761u;
 // Inverse of lr::f32_key: the float whose key is `key`.
 __device__ __forceinline__ float key_to_f32(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// The threshold t under which `!(x <= t)` lets in exactly the values whose key is at least `key`: the
+// float just below it (below +0.0's key is -0.0's, an equal float, so that one is skipped too); NaN, i.e.
+// everything, for the two smallest keys.
+__device__ __forceinline__ float at_or_above(uint32_t key) {
+  return key_to_f32(key - 1u - (key == 0x80000000u ? 1u : 0u));
 }
 
 // Element j of a 16-byte vector, as fp32 (j is a constant once the callers' loops are unrolled, so
@@ -109,6 +167,7 @@ struct DeepSelect {
   static constexpr int kRound = kWarps * kSeg;               // elements per round
   static constexpr int kCap = K_MAX + C::kB2 + kRound;       // candidates never reach this
   static constexpr int kKeyBits = sizeof(T) == 4 ? 32 : 16;  // key bits that carry information
+  static constexpr int kFirstBits = sizeof(T) == 4 ? 24 : 16;  // key bits the first threshold resolves
   static_assert(kPerThread <= 32, "one bit per element of a thread's round in a 32-bit mask");
 
   struct Smem {
@@ -117,13 +176,26 @@ struct DeepSelect {
     uint32_t kept_keys[K_MAX];  // a compaction's survivors, copied back to the front
     int kept_idx[K_MAX];
     uint32_t warp_count[2][kWarps];  // accepted elements per warp, alternating rounds
+    uint32_t count;                  // candidates placed by free rounds
     lr::SelectScratch<kThreads> sel;
   };
 
-  // Cut candidates [0, n) back to the top_k largest (in place, via kept_*); returns the new threshold.
-  __device__ static float compact(Smem& s, int n, int top_k) {
+  // Cut candidates [0, n) back (in place, via kept_*) around the key of rank `rank` (keep_rank, or top_k
+  // itself); sets the threshold t and returns how many candidates are kept:
+  // - exact (rank == top_k, or at least top_k keys are at or above the rank-th, which is then also the
+  //   k-th): the top_k are kept, and later elements enter only above t = that key (its ties are not
+  //   needed). Nothing of the answer is lost.
+  // - speculative: every candidate at or above the rank-th key is kept (fewer than top_k), and later
+  //   elements enter at or above it. The answer is then right exactly when at least top_k candidates
+  //   remain after the last round (all at or above the last threshold, and nothing above it was
+  //   dropped); `run` checks that and redoes the row without speculation otherwise.
+  __device__ static int compact(Smem& s, int n, int rank, int top_k, float& t) {
     __syncthreads();  // the last round's appends are visible
-    const lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, top_k, s.sel);
+    lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, rank, s.sel);
+    const int not_below = rank - static_cast<int>(rule.ties) + static_cast<int>(rule.count);  // keys >= prefix
+    const bool exact = not_below >= top_k;
+    const int keep = exact ? top_k : not_below;
+    rule.ties += static_cast<uint32_t>(keep - rank);  // <= rule.count: more of the prefix bucket
     if (threadIdx.x == 0) s.sel.emitted = 0;  // published by the apply's first barrier
     lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel, [&](int i) {
       const uint32_t slot = lr::claim(&s.sel.emitted);
@@ -132,11 +204,13 @@ struct DeepSelect {
     });
     // The apply ended with a barrier; the next round appends at [top_k, ...) and the next select
     // starts with a barrier, so copying back needs none.
-    for (int i = threadIdx.x; i < top_k; i += kThreads) {
+    for (int i = threadIdx.x; i < keep; i += kThreads) {
       s.keys[i] = s.kept_keys[i];
       s.idx[i] = s.kept_idx[i];
     }
-    return key_to_f32(rule.prefix);  // a lower bound of the k-th largest: nothing above it is lost
+    // Exact: a lower bound of the k-th largest key. Speculative: the prefix's own value enters too.
+    t = fmaxf(t, exact ? key_to_f32(rule.prefix) : at_or_above(rule.prefix));
+    return keep;
   }
 
   // Load this warp's segment `seg` of the row (16-byte vectors at span offsets below `span`).
@@ -148,21 +222,23 @@ struct DeepSelect {
     }
   }
 
-  // Bit e of the result: element e of this thread's share of segment `seg` lies inside the row and
-  // is above T.
-  __device__ __forceinline__ static uint32_t filter(const uint4 (&v)[C::kVecs], int seg, int head, int span, float t,
-                                                    int lane) {
+  // Bit e of the result: element e of this thread's share of segment `seg` lies inside the row.
+  __device__ __forceinline__ static uint32_t inside(int seg, int head, int span, int lane) {
     uint32_t acc = 0;
 #pragma unroll
     for (int q = 0; q < C::kVecs; ++q) {
       const int o = seg * kSeg + (q * lr::kWarp + lane) * kVec;
       const int lo = min(max(head - o, 0), kVec), hi = min(max(span - o, 0), kVec);
-      const uint32_t inside = (1u << hi) - (1u << lo);  // bits [lo, hi); hi >= lo, both <= 8
-      uint32_t above = 0;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) above |= static_cast<uint32_t>(!(element<T>(v[q], j) <= t)) << j;
-      acc |= (above & inside) << (q * kVec);
+      acc |= ((1u << hi) - (1u << lo)) << (q * kVec);  // bits [lo, hi); hi >= lo, both <= 8
     }
+    return acc;
+  }
+
+  // Bit e of the result: element e of this thread's share is above t (or NaN, or t is NaN).
+  __device__ __forceinline__ static uint32_t above(const uint4 (&v)[C::kVecs], float t) {
+    uint32_t acc = 0;
+#pragma unroll
+    for (int e = 0; e < kPerThread; ++e) acc |= static_cast<uint32_t>(!(element<T>(v[e / kVec], e % kVec) <= t)) << e;
     return acc;
   }
 
@@ -211,61 +287,118 @@ struct DeepSelect {
     const uint32_t m = static_cast<uint32_t>((span + kSeg - 1) / kSeg);
     const uint32_t a = kPermPrime % m;
     const uint32_t step = static_cast<uint32_t>(static_cast<unsigned long long>(kWarps) * a % m);
-    uint32_t seg = static_cast<uint32_t>((static_cast<unsigned long long>(warp) * a + m / 2) % m);
+    const uint32_t first_seg = static_cast<uint32_t>((static_cast<unsigned long long>(warp) * a + m / 2) % m);
     const int rounds = static_cast<int>((m + kWarps - 1) / kWarps);
-
-    float t = __uint_as_float(0x7fffffffu);  // NaN: every element passes `!(x <= t)`
-    int n = 0;                               // candidates in s.keys / s.idx
     bool nan = false;
+    int n = 0;  // candidates in s.keys / s.idx
 
-    // One round: filter this warp's segment, place the accepted elements (one barrier), and compact
-    // when the buffer is full (not after the last round: the final select does that).
-    auto process = [&](const uint4 (&v)[C::kVecs], int cur_seg, int round) {
-      const uint32_t acc = cur_seg >= 0 ? filter(v, cur_seg, head, span, t, lane) : 0u;
-      const uint32_t cnt = __popc(acc);
-      const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
-      uint32_t* counts = s.warp_count[round & 1];
-      if (lane == lr::kWarp - 1) counts[warp] = incl;
-      __syncthreads();
-      int pos = n + static_cast<int>(incl - cnt), total = 0;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const int c = static_cast<int>(counts[w]);
-        pos += w < warp ? c : 0;
-        total += c;
-      }
-      if (acc) nan |= append(s, v, acc, pos, cur_seg, head, lane);
-      n += total;
-      if (n >= top_k + C::kB2 && round + 1 < rounds) {
-        t = compact(s, n, top_k);
-        n = top_k;
-      }
-    };
+    // One pass over the row, with speculative compactions first; a pass that ends with fewer than top_k
+    // candidates (their bet lost: the row has fewer than top_k elements at or above the last threshold)
+    // is followed by an exact one. n is the same in every thread, so the whole block decides alike.
+    for (bool spec = C::kSpec;; spec = false) {
+      uint32_t seg = first_seg;
+      float t = __uint_as_float(0x7fffffffu);  // NaN: every element passes `!(x <= t)`
+      n = 0;
+      bool free = false;  // the rounds run without barriers (set with a speculative first threshold)
 
-    // Loads of the next kDepth rounds are in flight (in registers) while a round is processed. The
-    // round loop is unrolled by kDepth so that every buffer has a fixed register home: a buffer is
-    // copied out only when its own data is needed, never moved while its load is still in flight.
-    uint4 ahead[C::kDepth][C::kVecs];
-    int ahead_seg[C::kDepth];
-    auto issue = [&](int d, int round) {
-      ahead_seg[d] = round * kWarps + warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
-      if (ahead_seg[d] >= 0) load(ahead[d], base, ahead_seg[d], span, lane);
-      seg += step;
-      if (seg >= m) seg -= m;
-    };
+      // One round: filter this warp's segment, place the accepted elements (one barrier), and compact
+      // when the buffer is full (not after the last round: the final select does that).
+      auto process = [&](const uint4 (&v)[C::kVecs], int cur_seg, int round, auto free_rounds) {
+        const uint32_t valid = cur_seg >= 0 ? inside(cur_seg, head, span, lane) : 0u;
+        const uint32_t acc = valid & above(v, t);
+        if constexpr (decltype(free_rounds)::value) {
+          // A free round: the threshold no longer moves, so a warp places its accepted elements with
+          // one shared atomic and no barrier, and no compaction follows. A warp whose elements would
+          // not fit in the buffer places none; the count then tells the pass to be redone exactly.
+          const uint32_t cnt = __popc(acc);
+          const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
+          const uint32_t total = __shfl_sync(~0u, incl, lr::kWarp - 1);
+          uint32_t base = 0;
+          if (lane == lr::kWarp - 1 && total) base = atomicAdd(&s.count, total);
+          base = __shfl_sync(~0u, base, lr::kWarp - 1);
+          if (acc && base + total <= kCap)
+            nan |= append(s, v, acc, static_cast<int>(base + incl - cnt), cur_seg, head, lane);
+          return;
+        } else {
+        const uint32_t cnt = __popc(acc);
+        const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
+        uint32_t* counts = s.warp_count[round & 1];
+        if (lane == lr::kWarp - 1) counts[warp] = incl;
+        __syncthreads();
+        int pos = n + static_cast<int>(incl - cnt), total = 0;
 #pragma unroll
-    for (int d = 0; d < C::kDepth; ++d) issue(d, d);
-    for (int round0 = 0; round0 < rounds; round0 += C::kDepth) {
+        for (int w = 0; w < kWarps; ++w) {
+          const int c = static_cast<int>(counts[w]);
+          pos += w < warp ? c : 0;
+          total += c;
+        }
+        if (acc) nan |= append(s, v, acc, pos, cur_seg, head, lane);
+        n += total;
+        if (n >= top_k + C::kB2 && round + 1 < rounds)
+          n = compact(s, n, spec ? keep_rank(top_k, min((round + 1) * kRound, span), span) : top_k, top_k, t);
+        }
+      };
+
+      // Loads of the next kDepth rounds are in flight (in registers) while a round is processed. The
+      // round loop is unrolled by kDepth so that every buffer has a fixed register home: a buffer is
+      // copied out only when its own data is needed, never moved while its load is still in flight.
+      uint4 ahead[C::kDepth][C::kVecs];
+      int ahead_seg[C::kDepth];
+      auto issue = [&](int d, int round) {
+        ahead_seg[d] = round * kWarps + warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
+        if (ahead_seg[d] >= 0) load(ahead[d], base, ahead_seg[d], span, lane);
+        seg += step;
+        if (seg >= m) seg -= m;
+      };
 #pragma unroll
-      for (int d = 0; d < C::kDepth; ++d) {
-        if (round0 + d >= rounds) break;
-        uint4 v[C::kVecs];
+      for (int d = 0; d < C::kDepth; ++d) issue(d, d);
+
+      // The first threshold comes from the first round's own registers (at least kRound - kVec of its
+      // elements are in the row) instead of taking that round whole and compacting it: the round's
+      // rank-r key, to kFirstBits bits (a lower bound). With r = top_k that threshold loses nothing;
+      // with the speculative rank it is the bet of a speculative compaction, and the rounds can then
+      // run free: with a threshold that close to the row's k-th value later rounds add few
+      // candidates, so the buffer takes them all without a compaction, and a row where it would not
+      // is redone exactly. Done before the round loop, whose registers it would otherwise crowd.
+      const int first_rank = spec ? keep_rank(top_k, kRound, span) : top_k;
+      if (C::kFirst && rounds > 1 && first_rank <= kRound - kVec) {
+        if (tid == 0) s.count = 0;  // published by the select's first barrier
+        const uint32_t valid = inside(ahead_seg[0], head, span, lane);
+        const lr::SelectRule rule = lr::radix_select_rule<kThreads, kFirstBits>(
+            [&](auto&& f) {
 #pragma unroll
-        for (int q = 0; q < C::kVecs; ++q) v[q] = ahead[d][q];
-        const int cur_seg = ahead_seg[d];
-        issue(d, round0 + d + C::kDepth);
-        process(v, cur_seg, round0 + d);
+              for (int e = 0; e < kPerThread; ++e)
+                if (valid >> e & 1u) f(lr::f32_key(element<T>(ahead[0][e / kVec], e % kVec)));
+            },
+            first_rank, s.sel);
+        t = at_or_above(rule.prefix);
+        free = C::kFree && spec;
       }
+      // The round loop, compiled once per kind of round so that each gets its own registers.
+      auto all_rounds = [&](auto free_rounds) {
+        for (int round0 = 0; round0 < rounds; round0 += C::kDepth) {
+#pragma unroll
+          for (int d = 0; d < C::kDepth; ++d) {
+            if (round0 + d >= rounds) break;
+            uint4 v[C::kVecs];
+#pragma unroll
+            for (int q = 0; q < C::kVecs; ++q) v[q] = ahead[d][q];
+            const int cur_seg = ahead_seg[d];
+            issue(d, round0 + d + C::kDepth);
+            process(v, cur_seg, round0 + d, free_rounds);
+          }
+        }
+      };
+      if (free)
+        all_rounds(std::true_type{});
+      else
+        all_rounds(std::false_type{});
+      if (free) {
+        __syncthreads();  // every warp's candidates and count
+        n = static_cast<int>(min(s.count, static_cast<uint32_t>(kCap) + 1u));
+      }
+      if (n >= top_k && n <= kCap) break;
+      __syncthreads();  // every thread is done with this pass's counts and candidates
     }
 
     __syncthreads();  // the last appends are visible
