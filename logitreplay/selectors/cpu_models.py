@@ -12,10 +12,14 @@ most `_CHUNK_CELLS` cells; within a chunk every step is a whole-tensor operation
   threshold bin holds <= `NATIVE_FINAL_ITEMS` elements (or after the last pass, when it holds only exact
   ties) it is finished by a sort. Values concentrated in few fp16 bins (scores + 100, scores * 1e-8) keep
   the threshold bin large and force the extra passes.
-- `deepselect_topk`: DeepSelect's single pass. A rising threshold T starts at -inf; blocks of
-  `DEEPSELECT_BLOCK` elements are visited in a fixed pseudo-random order; elements > T are appended to a
-  candidate buffer; when the buffer reaches k + `DEEPSELECT_SLACK` it is cut back to its k largest and T
-  becomes the k-th value. A final select of the buffer gives the result. Every element is read once.
+- `deepselect_topk`: DeepSelect's pass as deepselect.cu makes it. Rounds of `DEEPSELECT_ROUND` elements
+  are visited in a fixed pseudo-random order. The first round sets the threshold T to its key of rank
+  `keep_rank` (about the share of the row's top k it holds, plus a margin: a bet that T is still at or
+  below the row's k-th value), and the later rounds append every element at or above T to a candidate
+  buffer, with no compaction. A row whose bet is lost (fewer than k candidates at the end) or whose
+  buffer overflows is redone exactly: the first threshold at rank k, and whenever the buffer reaches
+  k + `DEEPSELECT_SLACK` it is cut back to its k largest and T becomes the k-th value. A final select
+  of the buffer gives the result.
 - `split_topk`: the split kernel's select. A first round bins every key by magnitude (`split_coarse_bin`:
   32 bins per octave of |x| in [2^-16, 2^16)); the bucket holding the k-th largest key is then resolved
   11 bits a round, each row stopping once its threshold digit's bucket is taken whole or holds one key
@@ -50,7 +54,7 @@ SPLIT_ROWS = 1024
 SPLIT_LISTED = 1024       # the coarse bucket keys an item lists in shared memory
 SPLIT_SLOT_LISTED = 3072  # a split row's, in its workspace slot, when its last part finishes it alone
 _SPLIT_WINDOW = (127 - 16) << 5  # split's coarse bins: (exponent, top 5 mantissa bits) of 2^-16
-DEEPSELECT_BLOCK = 512
+DEEPSELECT_ROUND = 2048   # the kernel's round at top_k <= 1024 below 16384 columns (8 warps x 256)
 DEEPSELECT_SLACK = 1024
 _CHUNK_CELLS = 1 << 22
 _NO_KEY = -(2**31)  # below every key: marks cells that are not candidates
@@ -69,11 +73,13 @@ class NativeWork:
 
 @dataclass
 class DeepSelectWork:
-    """Per-row work of the DeepSelect model: `compactions` of the candidate buffer back to k, and
-    `appended`, the candidates that passed the threshold (the buffer traffic)."""
+    """Per-row work of the DeepSelect model: `compactions` of the candidate buffer, `appended`, the
+    candidates that passed the threshold (the buffer traffic), and `redone`, 1 for a row whose
+    speculative pass was lost or overflowed and was read a second time (both passes counted)."""
 
     compactions: np.ndarray
     appended: np.ndarray
+    redone: np.ndarray
 
 
 @dataclass
@@ -313,59 +319,104 @@ def split_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.T
 
 
 def block_order(blocks: int) -> torch.Tensor:
-    """The fixed pseudo-random order in which DeepSelect visits a row's blocks (same for every row)."""
+    """The fixed pseudo-random order in which DeepSelect visits a row's rounds (same for every row)."""
     h = (torch.arange(blocks, dtype=torch.int64) * _GOLDEN) & 0xFFFFFFFF
     return torch.argsort(h, stable=True)
+
+
+def keep_rank(top_k: int, seen: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """deepselect.cu's speculative rank after `seen` of a row's `length` elements: of the row's top_k
+    about mu = top_k * seen / length were seen, and the rank mu + 4 sqrt(mu) + 16 (at most top_k) is
+    with overwhelming probability still at or below the row's k-th value."""
+    mu = top_k * seen.double() / length.clamp(min=1).double()
+    return torch.ceil(mu + 4 * mu.sqrt() + 16).clamp(max=top_k).to(torch.int64)
 
 
 def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                     top_k: int) -> tuple[torch.Tensor, DeepSelectWork]:
     """Run the DeepSelect model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
-    out, (compactions, appended) = _chunked(_deepselect_chunk, logits, row_starts, row_ends, top_k)
-    return out, DeepSelectWork(compactions, appended)
+    out, (compactions, appended, redone) = _chunked(_deepselect_chunk, logits, row_starts, row_ends, top_k)
+    return out, DeepSelectWork(compactions, appended, redone)
 
 
 def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                      top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      top_k: int) -> tuple[torch.Tensor, ...]:
+    out, compactions, appended, lost = _deepselect_pass(x, starts, ends, top_k, speculate=True)
+    if bool(lost.any()):
+        rows = lost.nonzero().squeeze(1)
+        again, more, extra, _ = _deepselect_pass(x[rows], starts[rows], ends[rows], top_k, speculate=False)
+        out[rows], compactions[rows], appended[rows] = again, compactions[rows] + more, appended[rows] + extra
+    return out, compactions, appended, lost.to(torch.int64)
+
+
+def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int,
+                     speculate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass over the rows: (indices, compactions, appended, lost), lost marking the rows to redo."""
     n, cols = x.shape
-    block, limit = DEEPSELECT_BLOCK, top_k + DEEPSELECT_SLACK
-    cap = limit + block  # the buffer must hold one more block after reaching the limit
+    rnd, limit = DEEPSELECT_ROUND, top_k + DEEPSELECT_SLACK
+    cap = limit + rnd  # the buffer holds one more round after reaching the limit
     key = f32_key(x)
     lengths = ends - starts
     need = torch.clamp(lengths, max=top_k)
     buf_key = torch.full((n, cap + 1), _NO_KEY, dtype=torch.int32)  # column `cap` absorbs rejected writes
     buf_idx = torch.zeros((n, cap + 1), dtype=torch.int64)
     count = torch.zeros(n, dtype=torch.int64)
-    threshold = torch.full((n,), _NO_KEY, dtype=torch.int32)  # -inf: below every key
+    seen = torch.zeros(n, dtype=torch.int64)
+    lowest = torch.full((n,), _NO_KEY, dtype=torch.int64)  # an element enters at or above this key
+    free = torch.zeros(n, dtype=torch.bool)  # speculating: no compaction, overflow means a redo
+    overflow = torch.zeros(n, dtype=torch.bool)
     compactions = torch.zeros(n, dtype=torch.int64)
     appended = torch.zeros(n, dtype=torch.int64)
-    lane = torch.arange(block, dtype=torch.int64).unsqueeze(0)
-    blocks = int((lengths.max().item() + block - 1) // block) if n else 0
-    for b in block_order(blocks).tolist():
-        rel = b * block + lane
+    lane = torch.arange(rnd, dtype=torch.int64).unsqueeze(0)
+    rounds = (lengths + rnd - 1) // rnd
+    blocks = int(rounds.max().item()) if n else 0
+    for step, b in enumerate(block_order(blocks).tolist()):
+        rel = b * rnd + lane
         inside = rel < lengths.unsqueeze(1)
-        k = key.gather(1, (starts.unsqueeze(1) + rel).clamp(max=max(cols - 1, 0)))
-        take = inside & (k > threshold.unsqueeze(1))
-        pos = torch.where(take, count.unsqueeze(1) + take.cumsum(1) - 1, cap)
-        buf_key.scatter_(1, pos, torch.where(take, k, _NO_KEY))
-        buf_idx.scatter_(1, pos, rel.expand(n, -1))
+        k = key.gather(1, (starts.unsqueeze(1) + rel).clamp(max=max(cols - 1, 0))).to(torch.int64)
+        valid = inside.sum(1)
+        start = (seen == 0) & (valid > 0) & (rounds > 1)
+        if bool(start.any()):  # a row's first round sets its first threshold from its own keys
+            rank = keep_rank(top_k, valid, lengths) if speculate else torch.full((n,), top_k)
+            first = start & (rank <= valid)
+            ranked = torch.where(inside, k, _NO_KEY).sort(dim=1, descending=True).values
+            at = ranked.gather(1, (rank - 1).clamp(0, rnd - 1).unsqueeze(1)).squeeze(1)
+            lowest = torch.where(first, at, lowest)
+            free |= first & speculate
+            # At least top_k keys of the round at or above `at`: later rounds need none equal to it.
+            later = torch.where(first & ((ranked >= at.unsqueeze(1)).sum(1) >= top_k), at + 1, lowest)
+        else:
+            later = lowest
+        take = inside & (k >= lowest.unsqueeze(1))
+        lowest = later
         got = take.sum(1)
+        overflow |= free & (count + got > cap)
+        take &= ~overflow.unsqueeze(1)
+        pos = torch.where(take, count.unsqueeze(1) + take.cumsum(1) - 1, cap)
+        buf_key.scatter_(1, pos, torch.where(take, k, _NO_KEY).to(torch.int32))
+        buf_idx.scatter_(1, pos, rel.expand(n, -1))
         count += got
         appended += got
-        full = count >= limit
+        seen += valid
+        full = ~free & (count >= limit) & (step + 1 < rounds)
         if bool(full.any()):
-            rows_full = full.nonzero().squeeze(1)
-            top = torch.topk(buf_key[rows_full, :cap], top_k, dim=1)
-            kept_idx = buf_idx[rows_full].gather(1, top.indices)
-            buf_key[rows_full] = _NO_KEY
-            buf_key[rows_full, :top_k] = top.values
-            buf_idx[rows_full, :top_k] = kept_idx
-            count[rows_full] = top_k
-            threshold[rows_full] = top.values[:, -1]
-            compactions[rows_full] += 1
+            rows = full.nonzero().squeeze(1)
+            ranked, order = torch.sort(buf_key[rows, :cap].to(torch.int64), dim=1, descending=True)
+            rank = keep_rank(top_k, seen[rows], lengths[rows]) if speculate else torch.full((len(rows),), top_k)
+            at = ranked.gather(1, (rank - 1).unsqueeze(1)).squeeze(1)
+            not_below = (ranked >= at.unsqueeze(1)).sum(1)
+            exact = not_below >= top_k  # the rank-th key is also the k-th: keep top_k, later ones above it
+            keep = torch.where(exact, top_k, not_below)
+            kept = torch.arange(cap, dtype=torch.int64).unsqueeze(0) < keep.unsqueeze(1)
+            kept_idx = buf_idx[rows].gather(1, order)
+            buf_key[rows, :cap] = torch.where(kept, ranked, _NO_KEY).to(torch.int32)
+            buf_idx[rows, :cap] = kept_idx
+            count[rows] = keep
+            lowest[rows] = torch.maximum(lowest[rows], torch.where(exact, at + 1, at))
+            compactions[rows] += 1
     pos = _top_positions(buf_key[:, :cap], top_k).clamp(max=cap)  # past `cap` only in -1 tail slots
     out = _with_tails(buf_idx.gather(1, pos), need)
-    return out, compactions, appended
+    return out, compactions, appended, overflow | (count < need)
 
 
 def case_work(case: Case) -> dict[str, float]:
@@ -392,6 +443,7 @@ def case_work(case: Case) -> dict[str, float]:
         "deepselect_compactions_mean": mean(dw.compactions),
         "deepselect_compactions_max": peak(dw.compactions),
         "deepselect_appended_mean": mean(dw.appended),
+        "deepselect_redone_mean": mean(dw.redone),
         "split_rounds_mean": mean(sw.rounds),
         "split_rounds_max": peak(sw.rounds),
         "split_parts_mean": mean(sw.parts),

@@ -298,6 +298,7 @@ struct DeepSelect {
     for (bool spec = C::kSpec;; spec = false) {
       uint32_t seg = first_seg;
       float t = __uint_as_float(0x7fffffffu);  // NaN: every element passes `!(x <= t)`
+      float t_later = t;  // the threshold from the second round on
       n = 0;
       bool free = false;  // the rounds run without barriers (set with a speculative first threshold)
 
@@ -306,6 +307,7 @@ struct DeepSelect {
       auto process = [&](const uint4 (&v)[C::kVecs], int cur_seg, int round, auto free_rounds) {
         const uint32_t valid = cur_seg >= 0 ? inside(cur_seg, head, span, lane) : 0u;
         const uint32_t acc = valid & above(v, t);
+        if (round == 0) t = t_later;
         if constexpr (decltype(free_rounds)::value) {
           // A free round: the threshold no longer moves, so a warp places its accepted elements with
           // one shared atomic and no barrier, and no compaction follows. A warp whose elements would
@@ -371,7 +373,12 @@ struct DeepSelect {
                 if (valid >> e & 1u) f(lr::f32_key(element<T>(ahead[0][e / kVec], e % kVec)));
             },
             first_rank, s.sel);
-        t = at_or_above(rule.prefix);
+        t = t_later = at_or_above(rule.prefix);
+        // At least top_k of the round's keys at or above the prefix (ties, constant rows): it is then
+        // the round's k-th key too, nothing is bet, and as after an exact compaction no later element
+        // equal to it is needed, so later rounds do not take the ties in.
+        if (first_rank - static_cast<int>(rule.ties) + static_cast<int>(rule.count) >= top_k)
+          t_later = key_to_f32(rule.prefix);
         free = C::kFree && spec;
       }
       // The round loop, compiled once per kind of round so that each gets its own registers.
