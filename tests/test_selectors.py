@@ -107,8 +107,7 @@ def test_deepselect_redoes_a_row_whose_first_round_misleads(shift: float) -> Non
     exactly and still selects the top k; row 1, plain normal values, is not."""
     cols, top_k = 30000, 512
     x = torch.randn(2, cols, generator=torch.Generator().manual_seed(5))
-    first = int(models.block_order(-(-cols // models.DEEPSELECT_ROUND))[0])
-    x[0, first * models.DEEPSELECT_ROUND:(first + 1) * models.DEEPSELECT_ROUND] += shift
+    x[0, models.deepselect_round_columns(models.deepselect_config(top_k, cols), cols, 0, 0)] += shift
     idx, work = models.deepselect_topk(x, torch.zeros(2, dtype=torch.int32), torch.full((2,), cols,
                                        dtype=torch.int32), top_k)
     assert work.redone.tolist() == [1, 0]
@@ -120,7 +119,8 @@ def test_deepselect_needs_no_redo_on_constant_rows() -> None:
     """A first round of one repeated value: its rank-r key is also its k-th, so the later rounds take
     none of the ties in (nothing is bet, no buffer floods)."""
     _, work = models.deepselect_topk(*_rows(np.full(2 * 16384, 3.5, np.float32), 2, 16384), 512)
-    assert work.redone.tolist() == [0, 0] and work.appended.tolist() == [models.DEEPSELECT_ROUND] * 2
+    assert work.redone.tolist() == [0, 0]
+    assert work.appended.tolist() == [models.deepselect_config(512, 16384).round] * 2  # the first round
 
 
 @settings(max_examples=300, deadline=None)
@@ -194,11 +194,19 @@ def test_split_plan_spreads_a_lone_long_row_and_keeps_short_rows_whole() -> None
     assert models.SPLIT_MIN_CHUNK >= 2000 and list(parts[1:]) == [1, 1]  # not longer than top_k / than a chunk
 
 
-def test_block_order_is_a_fixed_permutation() -> None:
-    order = models.block_order(37)
-    assert sorted(order.tolist()) == list(range(37))
-    assert order.tolist() != list(range(37))
-    assert torch.equal(order, models.block_order(37))
+@settings(max_examples=200, deadline=None)
+@given(length=st.integers(1, 70_000), head=st.integers(0, 7), top_k=st.sampled_from([64, 1024, 2048, 4096]),
+       stride=st.sampled_from([8192, 16384, 163840]))
+def test_deepselect_rounds_visit_every_column_once(length: int, head: int, top_k: int, stride: int) -> None:
+    """What the kernel's single pass relies on: its rounds, segment by segment in the permuted order,
+    read every column of the row exactly once, and the first round is not the row's first segments."""
+    cfg = models.deepselect_config(top_k, stride)
+    segments = (length + head + cfg.segment - 1) // cfg.segment
+    rounds = (segments + cfg.warps - 1) // cfg.warps
+    cols = [models.deepselect_round_columns(cfg, length, head, r) for r in range(rounds)]
+    assert sorted(torch.cat(cols).tolist()) == list(range(length))
+    if rounds > 2:  # warp 0 starts at the middle segment
+        assert not torch.equal(cols[0].sort().values, torch.arange(len(cols[0])))
 
 
 @pytest.mark.parametrize("name", SELECTORS)

@@ -87,8 +87,8 @@ def _synth_like(like: str, kinds: tuple[str, ...], out: Path, json_out: str | No
 @click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable).")
 @json_option("Every field")
 @click.option("--work", is_flag=True, help="Also run the CPU algorithm models and show their work per case "
-              "(native: histogram passes; DeepSelect: buffer compactions, candidates; split: histogram rounds, "
-              "share of blocks that listed their bucket): why a selector is slow.")
+              "(native: histogram passes; DeepSelect: buffer compactions, candidates, rows redone; split: "
+              "histogram rounds, share of blocks that listed their bucket): why a selector is slow.")
 @user_errors
 def inspect_cmd(location: str, case_ids: tuple[str, ...], json_out: str | None, work: bool) -> None:
     """Summarize the cases of an archive (directory, .zip or URL): shape, storage, row lengths, value
@@ -138,13 +138,15 @@ def _work_cells(w: dict[str, float] | None) -> tuple[str, ...]:
     return (f"{w['native_passes_mean']:.2f} / {w['native_passes_max']:.0f}",
             f"{w['deepselect_compactions_mean']:.2f} / {w['deepselect_compactions_max']:.0f}",
             f"{w['deepselect_appended_mean']:.0f}",
+            f"{w['deepselect_redone_mean']:.0%}",
             f"{w['split_rounds_mean']:.2f} / {w['split_rounds_max']:.0f}",
             f"{w['split_listed_mean']:.0%}")
 
 
-# The --work columns: native's histogram passes, DeepSelect's compactions and candidates, split's rounds
-# and the share of its blocks that listed their bucket (the fast path on spread scores).
-_WORK_COLUMNS = ("native passes mean/max", "DS compactions mean/max", "DS candidates/row",
+# The --work columns: native's histogram passes, DeepSelect's compactions, candidates and rows read twice
+# (its first-round bet lost), split's rounds and the share of its blocks that listed their bucket (the
+# fast path on spread scores).
+_WORK_COLUMNS = ("native passes mean/max", "DS compactions mean/max", "DS candidates/row", "DS redone",
                  "split rounds mean/max", "split listed")
 
 
@@ -184,4 +186,4 @@ def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[s
             _fmt(v["kth_ties_mean"], ".1f"), _fmt(v["fp16_bins_top_mean"], ".0f"),
             *(_work_cells(s.get("work")) if work else ()),
         )
-    Console(width=None if sys.stdout.isatty() else 220).print(table)
+    Console(width=None if sys.stdout.isatty() else 240).print(table)

@@ -12,14 +12,14 @@ most `_CHUNK_CELLS` cells; within a chunk every step is a whole-tensor operation
   threshold bin holds <= `NATIVE_FINAL_ITEMS` elements (or after the last pass, when it holds only exact
   ties) it is finished by a sort. Values concentrated in few fp16 bins (scores + 100, scores * 1e-8) keep
   the threshold bin large and force the extra passes.
-- `deepselect_topk`: DeepSelect's pass as deepselect.cu makes it. Rounds of `DEEPSELECT_ROUND` elements
-  are visited in a fixed pseudo-random order. The first round sets the threshold T to its key of rank
-  `keep_rank` (about the share of the row's top k it holds, plus a margin: a bet that T is still at or
-  below the row's k-th value), and the later rounds append every element at or above T to a candidate
-  buffer, with no compaction. A row whose bet is lost (fewer than k candidates at the end) or whose
-  buffer overflows is redone exactly: the first threshold at rank k, and whenever the buffer reaches
-  k + `DEEPSELECT_SLACK` it is cut back to its k largest and T becomes the k-th value. A final select
-  of the buffer gives the result.
+- `deepselect_topk`: DeepSelect's pass as deepselect.cu makes it, with its configuration
+  (`deepselect_config`: segment and round sizes, buffer capacity) and its visit order of segments
+  (`deepselect_round_columns`). The first round sets the threshold T to its key of rank `keep_rank`
+  (about the share of the row's top k it holds, plus a margin: a bet that T is still at or below the
+  row's k-th value), and the later rounds append every element at or above T to a candidate buffer,
+  with no compaction. A row whose bet is lost (fewer than k candidates at the end) or whose buffer
+  overflows is redone exactly: the first threshold at rank k, and whenever the buffer reaches k + the
+  slack it is cut back to its k largest and T becomes the k-th value. A final select gives the result.
 - `split_topk`: the split kernel's select. A first round bins every key by magnitude (`split_coarse_bin`:
   32 bins per octave of |x| in [2^-16, 2^16)); the bucket holding the k-th largest key is then resolved
   11 bits a round, each row stopping once its threshold digit's bucket is taken whole or holds one key
@@ -54,11 +54,9 @@ SPLIT_ROWS = 1024
 SPLIT_LISTED = 1024       # the coarse bucket keys an item lists in shared memory
 SPLIT_SLOT_LISTED = 3072  # a split row's, in its workspace slot, when its last part finishes it alone
 _SPLIT_WINDOW = (127 - 16) << 5  # split's coarse bins: (exponent, top 5 mantissa bits) of 2^-16
-DEEPSELECT_ROUND = 2048   # the kernel's round at top_k <= 1024 below 16384 columns (8 warps x 256)
-DEEPSELECT_SLACK = 1024
 _CHUNK_CELLS = 1 << 22
 _NO_KEY = -(2**31)  # below every key: marks cells that are not candidates
-_GOLDEN = 0x9E3779B1  # Fibonacci hashing constant: the pseudo-random block order
+_PERM_PRIME = 2654435761  # deepselect.cu's kPermPrime: its residue modulo m is coprime with m
 
 
 @dataclass
@@ -318,10 +316,57 @@ def split_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.T
     return out, SplitWork(rounds, parts, listed)
 
 
-def block_order(blocks: int) -> torch.Tensor:
-    """The fixed pseudo-random order in which DeepSelect visits a row's rounds (same for every row)."""
-    h = (torch.arange(blocks, dtype=torch.int64) * _GOLDEN) & 0xFFFFFFFF
-    return torch.argsort(h, stable=True)
+@dataclass(frozen=True)
+class DeepSelectConfig:
+    """deepselect.cu's compile-time configuration for one launch (its `Config`): chosen by the top_k class
+    and, for the wide variant, by the row stride (the bounds stay on the device)."""
+
+    k_max: int  # the top_k class: 512, 1024, 2048 or 4096
+    elems: int  # elements per thread per round
+    warps: int  # warps per block
+    slack: int  # candidates since the last compaction that trigger the next one (kB2)
+
+    @property
+    def segment(self) -> int:
+        """Elements of one warp's share of a round."""
+        return 32 * self.elems
+
+    @property
+    def round(self) -> int:
+        return self.warps * self.segment
+
+    @property
+    def cap(self) -> int:
+        """The candidate buffer: never reached by a synchronous round, overflowed by a free one."""
+        return self.k_max + self.slack + self.round
+
+
+def deepselect_config(top_k: int, row_stride: int) -> DeepSelectConfig:
+    """The kernel's configuration for this top_k and row stride (deepselect.cu's Config, kWideStride)."""
+    k_max = next(c for c in (512, 1024, 2048, 4096) if top_k <= c or c == 4096)
+    wide = row_stride >= 16384 and k_max <= 1024
+    return DeepSelectConfig(k_max, 16 if wide else 8, 16 if k_max == 4096 else 8, max(1024, k_max))
+
+
+def deepselect_round_columns(cfg: DeepSelectConfig, length: int, head: int, r: int) -> torch.Tensor:
+    """The columns (relative to the row start) of a row of `length` elements that round `r` reads: warp w
+    reads segment (i * a + m / 2) mod m, i = r * warps + w, a = P mod m, of the span that starts `head`
+    elements before the row (at the 16-byte boundary at or before the row start)."""
+    idx, inside = _round_columns(cfg, torch.tensor([length]), torch.tensor([head]), r)
+    return idx[0][inside[0]]
+
+
+def _round_columns(cfg: DeepSelectConfig, lengths: torch.Tensor, heads: torch.Tensor,
+                   r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the columns round `r` reads (n, round) and which of them lie inside the row."""
+    span = lengths + heads
+    m = ((span + cfg.segment - 1) // cfg.segment).clamp(min=1).unsqueeze(1)
+    i = r * cfg.warps + torch.arange(cfg.warps, dtype=torch.int64).unsqueeze(0)
+    seg = (i * (_PERM_PRIME % m) + m // 2) % m
+    lane = torch.arange(cfg.segment, dtype=torch.int64)
+    idx = (seg.unsqueeze(2) * cfg.segment + lane).reshape(len(lengths), -1) - heads.unsqueeze(1)
+    has = (i < m).repeat_interleave(cfg.segment, dim=1)
+    return idx, has & (idx >= 0) & (idx < lengths.unsqueeze(1))
 
 
 def keep_rank(top_k: int, seen: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
@@ -335,88 +380,89 @@ def keep_rank(top_k: int, seen: torch.Tensor, length: torch.Tensor) -> torch.Ten
 def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                     top_k: int) -> tuple[torch.Tensor, DeepSelectWork]:
     """Run the DeepSelect model on a (rows, cols) CPU matrix; returns int32 (rows, top_k) indices and work."""
-    out, (compactions, appended, redone) = _chunked(_deepselect_chunk, logits, row_starts, row_ends, top_k)
+    cfg = deepselect_config(top_k, logits.stride(0))
+    bf16 = logits.dtype == torch.bfloat16
+    # Each row's head: its start's offset from a 16-byte boundary, in elements (the buffer is aligned).
+    rows = torch.arange(logits.shape[0], dtype=torch.int64)
+    heads = (rows * logits.stride(0) + row_starts.to(torch.int64)) % (8 if bf16 else 4)
+
+    def chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, k: int,
+              h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out, compactions, appended, lost = _deepselect_pass(x, starts, ends, h, k, cfg, bf16, True)
+        if bool(lost.any()):
+            rows = lost.nonzero().squeeze(1)
+            again, more, extra, _ = _deepselect_pass(x[rows], starts[rows], ends[rows], h[rows], k, cfg, bf16, False)
+            out[rows], compactions[rows], appended[rows] = again, compactions[rows] + more, appended[rows] + extra
+        return out, compactions, appended, lost.to(torch.int64)
+
+    out, (compactions, appended, redone) = _chunked(chunk, logits, row_starts, row_ends, top_k, heads)
     return out, DeepSelectWork(compactions, appended, redone)
 
 
-def _deepselect_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                      top_k: int) -> tuple[torch.Tensor, ...]:
-    out, compactions, appended, lost = _deepselect_pass(x, starts, ends, top_k, speculate=True)
-    if bool(lost.any()):
-        rows = lost.nonzero().squeeze(1)
-        again, more, extra, _ = _deepselect_pass(x[rows], starts[rows], ends[rows], top_k, speculate=False)
-        out[rows], compactions[rows], appended[rows] = again, compactions[rows] + more, appended[rows] + extra
-    return out, compactions, appended, lost.to(torch.int64)
-
-
-def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, top_k: int,
+def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, heads: torch.Tensor, top_k: int,
+                     cfg: DeepSelectConfig, bf16: bool,
                      speculate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One pass over the rows: (indices, compactions, appended, lost), lost marking the rows to redo."""
-    n, cols = x.shape
-    rnd, limit = DEEPSELECT_ROUND, top_k + DEEPSELECT_SLACK
-    cap = limit + rnd  # the buffer holds one more round after reaching the limit
-    key = f32_key(x)
+    """One pass over the rows: (indices, compactions, appended, lost), lost marking the rows to redo.
+    Keys are the kernel's unsigned order keys (as int64; -1 marks an empty buffer cell). Its selects
+    resolve bf16 keys to 16 bits (all they carry), fp32 keys to 32, and the first threshold to 24."""
+    vec = 8 if bf16 else 4
+    first_low, select_low = (0xFFFF, 0xFFFF) if bf16 else (0xFF, 0)
+    n, width = x.shape
+    key = f32_key(x).to(torch.int64) + 2**31
     lengths = ends - starts
     need = torch.clamp(lengths, max=top_k)
-    buf_key = torch.full((n, cap + 1), _NO_KEY, dtype=torch.int32)  # column `cap` absorbs rejected writes
+    span = lengths + heads
+    rounds = ((span + cfg.segment - 1) // cfg.segment + cfg.warps - 1) // cfg.warps
+    selecting = lengths > top_k  # the kernel copies shorter rows whole
+    cap, limit = cfg.cap, top_k + cfg.slack
+    buf_key = torch.full((n, cap + 1), -1, dtype=torch.int64)  # column `cap` absorbs rejected writes
     buf_idx = torch.zeros((n, cap + 1), dtype=torch.int64)
     count = torch.zeros(n, dtype=torch.int64)
-    seen = torch.zeros(n, dtype=torch.int64)
-    lowest = torch.full((n,), _NO_KEY, dtype=torch.int64)  # an element enters at or above this key
+    lowest = torch.full((n,), -1, dtype=torch.int64)  # an element enters at or above this key
     free = torch.zeros(n, dtype=torch.bool)  # speculating: no compaction, overflow means a redo
-    overflow = torch.zeros(n, dtype=torch.bool)
     compactions = torch.zeros(n, dtype=torch.int64)
     appended = torch.zeros(n, dtype=torch.int64)
-    lane = torch.arange(rnd, dtype=torch.int64).unsqueeze(0)
-    rounds = (lengths + rnd - 1) // rnd
-    blocks = int(rounds.max().item()) if n else 0
-    for step, b in enumerate(block_order(blocks).tolist()):
-        rel = b * rnd + lane
-        inside = rel < lengths.unsqueeze(1)
-        k = key.gather(1, (starts.unsqueeze(1) + rel).clamp(max=max(cols - 1, 0))).to(torch.int64)
-        valid = inside.sum(1)
-        start = (seen == 0) & (valid > 0) & (rounds > 1)
-        if bool(start.any()):  # a row's first round sets its first threshold from its own keys
-            rank = keep_rank(top_k, valid, lengths) if speculate else torch.full((n,), top_k)
-            first = start & (rank <= valid)
-            ranked = torch.where(inside, k, _NO_KEY).sort(dim=1, descending=True).values
-            at = ranked.gather(1, (rank - 1).clamp(0, rnd - 1).unsqueeze(1)).squeeze(1)
-            lowest = torch.where(first, at, lowest)
-            free |= first & speculate
-            # At least top_k keys of the round at or above `at`: later rounds need none equal to it.
-            later = torch.where(first & ((ranked >= at.unsqueeze(1)).sum(1) >= top_k), at + 1, lowest)
-        else:
-            later = lowest
+    full_rank = torch.full((n,), top_k, dtype=torch.int64)
+    for r in range(int(rounds.max()) if n else 0):
+        idx, inside = _round_columns(cfg, lengths, heads, r)
+        k = key.gather(1, (starts.unsqueeze(1) + idx).clamp(0, max(width - 1, 0)))
+        later = lowest
+        if r == 0:  # the first threshold, from the round's own keys
+            rank = keep_rank(top_k, torch.full((n,), cfg.round), span) if speculate else full_rank
+            first = selecting & (rounds > 1) & (rank <= cfg.round - vec)
+            ranked = torch.where(inside, k, -1).sort(dim=1, descending=True).values
+            prefix = ranked.gather(1, (rank - 1).clamp(0, cfg.round - 1).unsqueeze(1)).squeeze(1) & ~first_low
+            lowest = torch.where(first, prefix, lowest)
+            # At least top_k keys at or above the prefix: later rounds need none equal to it.
+            later = torch.where(first & ((ranked >= prefix.unsqueeze(1)).sum(1) >= top_k), prefix + 1, lowest)
+            free = first & speculate
         take = inside & (k >= lowest.unsqueeze(1))
         lowest = later
         got = take.sum(1)
-        overflow |= free & (count + got > cap)
-        take &= ~overflow.unsqueeze(1)
-        pos = torch.where(take, count.unsqueeze(1) + take.cumsum(1) - 1, cap)
-        buf_key.scatter_(1, pos, torch.where(take, k, _NO_KEY).to(torch.int32))
-        buf_idx.scatter_(1, pos, rel.expand(n, -1))
+        pos = torch.where(take, count.unsqueeze(1) + take.cumsum(1) - 1, cap).clamp(max=cap)
+        buf_key.scatter_(1, pos, torch.where(take, k, -1))
+        buf_idx.scatter_(1, pos, idx)
         count += got
         appended += got
-        seen += valid
-        full = ~free & (count >= limit) & (step + 1 < rounds)
+        full = ~free & (count >= limit) & (r + 1 < rounds)
         if bool(full.any()):
             rows = full.nonzero().squeeze(1)
-            ranked, order = torch.sort(buf_key[rows, :cap].to(torch.int64), dim=1, descending=True)
-            rank = keep_rank(top_k, seen[rows], lengths[rows]) if speculate else torch.full((len(rows),), top_k)
-            at = ranked.gather(1, (rank - 1).unsqueeze(1)).squeeze(1)
+            ranked, order = torch.sort(buf_key[rows, :cap], dim=1, descending=True)
+            seen = span[rows].clamp(max=(r + 1) * cfg.round)
+            rank = keep_rank(top_k, seen, span[rows]) if speculate else full_rank[rows]
+            at = ranked.gather(1, (rank - 1).unsqueeze(1)).squeeze(1) & ~select_low
             not_below = (ranked >= at.unsqueeze(1)).sum(1)
             exact = not_below >= top_k  # the rank-th key is also the k-th: keep top_k, later ones above it
             keep = torch.where(exact, top_k, not_below)
             kept = torch.arange(cap, dtype=torch.int64).unsqueeze(0) < keep.unsqueeze(1)
-            kept_idx = buf_idx[rows].gather(1, order)
-            buf_key[rows, :cap] = torch.where(kept, ranked, _NO_KEY).to(torch.int32)
-            buf_idx[rows, :cap] = kept_idx
+            buf_key[rows, :cap] = torch.where(kept, ranked, -1)
+            buf_idx[rows, :cap] = buf_idx[rows].gather(1, order)
             count[rows] = keep
             lowest[rows] = torch.maximum(lowest[rows], torch.where(exact, at + 1, at))
             compactions[rows] += 1
     pos = _top_positions(buf_key[:, :cap], top_k).clamp(max=cap)  # past `cap` only in -1 tail slots
     out = _with_tails(buf_idx.gather(1, pos), need)
-    return out, compactions, appended, overflow | (count < need)
+    return out, compactions, appended, selecting & ((count > cap) | (count < need))
 
 
 def case_work(case: Case) -> dict[str, float]:

@@ -13,6 +13,7 @@ import torch
 from logitreplay.archive import Case
 from logitreplay.datasets import synth
 from logitreplay.replay.verify import Failure
+from logitreplay.selectors.cpu_models import deepselect_config, deepselect_round_columns
 from logitreplay.selectors.cuda.kernels import DeepSelectCuda
 from tests.gpu.kernel_checks import verify_kernel
 
@@ -132,39 +133,33 @@ def test_concentrated_values_over_many_compactions(dist: str, top_k: int, bf16: 
     assert _verify(case) == []
 
 
-def _first_round(cols: int, segment: int, warps: int = 8) -> np.ndarray:
-    """The elements of an aligned row of `cols` that DeepSelect reads in its first round: the segments
-    (i * a + m / 2) mod m, a = P mod m, for i below the block's warp count (deepselect.cu)."""
-    m = -(-cols // segment)
-    a = 2654435761 % m
-    segs = [(i * a + m // 2) % m for i in range(min(warps, m))]
-    return np.concatenate([np.arange(s * segment, min((s + 1) * segment, cols)) for s in segs])
+def _first_round(cols: int, top_k: int) -> np.ndarray:
+    """The columns of an aligned row of `cols` that DeepSelect reads in its first round."""
+    return deepselect_round_columns(deepselect_config(top_k, cols), cols, 0, 0).numpy()
 
 
-@pytest.mark.parametrize(("cols", "segment", "top_k"), [(8192, 256, 512), (25600, 512, 1024), (102400, 512, 512)],
-                         ids=["short", "k1024", "wide"])
+@pytest.mark.parametrize(("cols", "top_k"), [(8192, 512), (25600, 1024), (102400, 512)], ids=["short", "k1024", "wide"])
 @pytest.mark.parametrize("bf16", [False, True])
-def test_lost_speculation_is_redone_exactly(cols: int, segment: int, top_k: int, bf16: bool) -> None:
+def test_lost_speculation_is_redone_exactly(cols: int, top_k: int, bf16: bool) -> None:
     """Every large value of the row sits in the segments of the first round, so the speculative threshold
     set after it (the rank ~ top_k * seen / len key of that round) is above the row's k-th value and the
     rest of the row adds almost nothing: the pass ends with fewer than top_k candidates and the row must
     be redone without speculation. Row 1, plain normal values, wins its bet in the same launch."""
     rng = np.random.default_rng(cols + bf16)
     values = rng.standard_normal(2 * cols).astype(np.float32)
-    values[_first_round(cols, segment)] += 50.0
+    values[_first_round(cols, top_k)] += 50.0
     case = _rows(f"lost-bet-{cols}", values, [0, 0], [cols, cols], top_k, cols, bf16=bf16)
     assert _verify(case) == []
 
 
-@pytest.mark.parametrize(("cols", "segment", "top_k"), [(8192, 256, 512), (25600, 512, 1024), (102400, 512, 512)],
-                         ids=["short", "k1024", "wide"])
+@pytest.mark.parametrize(("cols", "top_k"), [(8192, 512), (25600, 1024), (102400, 512)], ids=["short", "k1024", "wide"])
 @pytest.mark.parametrize("bf16", [False, True])
-def test_overflowing_free_rounds_are_redone_exactly(cols: int, segment: int, top_k: int, bf16: bool) -> None:
+def test_overflowing_free_rounds_are_redone_exactly(cols: int, top_k: int, bf16: bool) -> None:
     """The mirror image: the first round holds the row's smallest values, so its speculative threshold is
     far below the row's k-th value, and the rounds after it, which run without barriers or compactions,
     would take more candidates than the buffer holds: the row must be redone without speculation."""
     rng = np.random.default_rng(cols + 7 * bf16)
     values = rng.standard_normal(2 * cols).astype(np.float32)
-    values[_first_round(cols, segment)] -= 50.0
+    values[_first_round(cols, top_k)] -= 50.0
     case = _rows(f"overflow-{cols}", values, [0, 0], [cols, cols], top_k, cols, bf16=bf16)
     assert _verify(case) == []

@@ -14,9 +14,9 @@
 // 2. With the bet placed, the later rounds add few candidates (about r per round's worth of the row),
 //    so they run free: no barrier per round, one shared atomic per warp, no compaction. At the end the
 //    bet is checked: if fewer than top_k candidates remain, or the buffer overflowed, the row is redone
-//    exactly (r = top_k and a barrier per round). The redo is rare (none in any simulated distribution:
-//    normal, ties, constant, sorted, trending rows; forced in tests/gpu/test_deepselect.py) and costs
-//    one more pass over the row.
+//    exactly (r = top_k and a barrier per round). A redo costs one more pass over the row. Spread
+//    scores never need one; long rows with heavy ties near the k-th value, ordered rows and k = 2048 on
+//    the longest rows sometimes do (bench/deepselect_bets.py: the CPU model's count, by distribution).
 // 3. In the exact pass (and rows the first step does not apply to), the classic rule: when the buffer
 //    reaches top_k + kB2 candidates it is cut back by the shared-memory select, and T rises to a lower
 //    bound of the k-th largest key (or, speculating, of the keep_rank-th).
@@ -125,8 +125,8 @@ struct Config {
 // mu = top_k * seen / len lie in what was seen (hypergeometric, standard deviation below sqrt(mu)), so
 // the rank-r key of the candidates, with r four deviations and 16 above mu, is with overwhelming
 // probability still at or below the row's k-th largest: a much higher threshold than the k-th of what
-// was seen, which is what the exact rule uses. The margin's constants were chosen on simulated rows
-// (normal, ties, constant, sorted, trending; none fell back).
+// was seen, which is what the exact rule uses. The margin's constants were chosen on simulated rows of
+// normal, tied, constant, sorted and trending values.
 __device__ __forceinline__ int keep_rank(int top_k, int seen, int len) {
   const float mu = static_cast<float>(top_k) * static_cast<float>(seen) / static_cast<float>(len);
   return min(top_k, static_cast<int>(ceilf(mu + 4.0f * sqrtf(mu) + 16.0f)));

@@ -1,0 +1,63 @@
+"""How often DeepSelect's first-round bet is lost, by distribution and shape, from the CPU model.
+
+`cpu_models.deepselect_topk` makes deepselect.cu's decisions (its configuration, segment visit order,
+first threshold at `keep_rank`, free rounds, buffer capacity, exact redo), so it says without a GPU which
+rows a launch reads twice. Rows of `--rows` full-length rows per case, fp32 and bf16; the last thing
+printed is a Markdown table of the share of rows redone (and the candidates per row).
+
+    python bench/deepselect_bets.py [--rows 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from logitreplay.selectors import cpu_models
+
+SHAPES = [(4096, 512), (8192, 512), (25600, 512), (102400, 512), (163840, 512), (65536, 2048), (163840, 2048)]
+
+
+def distributions(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Normal scores and the shapes of scores that make a bet hard: ties, concentration, order, trends."""
+    cols = x.shape[1]
+    return {
+        "normal": x,
+        "normal+100": x + 100,
+        "normal*1e-8": x * 1e-8,
+        "few values": torch.round(x * 2) / 2,
+        "relu": x.clamp(min=0),
+        "trend 0..3": x + torch.linspace(0, 3, cols),
+        "sorted": x.sort(dim=1).values,
+        "constant": torch.ones_like(x),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=16, help="rows per case")
+    args = ap.parse_args()
+    t0 = time.time()
+    table: dict[str, list[str]] = {}
+    for cols, top_k in SHAPES:
+        x = torch.randn(args.rows, cols, generator=torch.Generator().manual_seed(cols + top_k))
+        starts = torch.zeros(args.rows, dtype=torch.int32)
+        ends = torch.full((args.rows,), cols, dtype=torch.int32)
+        for name, values in distributions(x).items():
+            cells = []
+            for dtype in (torch.float32, torch.bfloat16):
+                _, work = cpu_models.deepselect_topk(values.to(dtype), starts, ends, top_k)
+                cells.append(f"{work.redone.mean():.0%} ({work.appended.mean() / (1 + work.redone.mean()):.0f})")
+            table.setdefault(name, []).append(" / ".join(cells))
+    print(f"{args.rows} rows per case, {time.time() - t0:.0f} s")
+    print("\nrows redone, fp32 / bf16 (candidates per row and pass); columns: cols x top_k\n")
+    print("| distribution | " + " | ".join(f"{c} k{k}" for c, k in SHAPES) + " |")
+    print("|---|" + "---|" * len(SHAPES))
+    for name, cells in table.items():
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
