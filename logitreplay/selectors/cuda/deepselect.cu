@@ -292,9 +292,10 @@ struct DeepSelect {
     bool nan = false;
     int n = 0;  // candidates in s.keys / s.idx
 
-    // One pass over the row, with speculative compactions first; a pass that ends with fewer than top_k
-    // candidates (their bet lost: the row has fewer than top_k elements at or above the last threshold)
-    // is followed by an exact one. n is the same in every thread, so the whole block decides alike.
+    // One pass over the row, speculating first; a pass that ends with fewer than top_k candidates (the
+    // bet lost: the row has fewer than top_k elements at or above the last threshold) or with more than
+    // the buffer holds (free rounds only) is followed by an exact one. n is the same in every thread, so
+    // the whole block decides alike.
     for (bool spec = C::kSpec;; spec = false) {
       uint32_t seg = first_seg;
       float t = __uint_as_float(0x7fffffffu);  // NaN: every element passes `!(x <= t)`
@@ -302,8 +303,9 @@ struct DeepSelect {
       n = 0;
       bool free = false;  // the rounds run without barriers (set with a speculative first threshold)
 
-      // One round: filter this warp's segment, place the accepted elements (one barrier), and compact
-      // when the buffer is full (not after the last round: the final select does that).
+      // One round: filter this warp's segment and place the accepted elements; a synchronous round
+      // (one barrier) also compacts when the buffer is full (not after the last round: the final
+      // select does that).
       auto process = [&](const uint4 (&v)[C::kVecs], int cur_seg, int round, auto free_rounds) {
         const uint32_t valid = cur_seg >= 0 ? inside(cur_seg, head, span, lane) : 0u;
         const uint32_t acc = valid & above(v, t);
@@ -322,22 +324,22 @@ struct DeepSelect {
             nan |= append(s, v, acc, static_cast<int>(base + incl - cnt), cur_seg, head, lane);
           return;
         } else {
-        const uint32_t cnt = __popc(acc);
-        const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
-        uint32_t* counts = s.warp_count[round & 1];
-        if (lane == lr::kWarp - 1) counts[warp] = incl;
-        __syncthreads();
-        int pos = n + static_cast<int>(incl - cnt), total = 0;
+          const uint32_t cnt = __popc(acc);
+          const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
+          uint32_t* counts = s.warp_count[round & 1];
+          if (lane == lr::kWarp - 1) counts[warp] = incl;
+          __syncthreads();
+          int pos = n + static_cast<int>(incl - cnt), total = 0;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const int c = static_cast<int>(counts[w]);
-          pos += w < warp ? c : 0;
-          total += c;
-        }
-        if (acc) nan |= append(s, v, acc, pos, cur_seg, head, lane);
-        n += total;
-        if (n >= top_k + C::kB2 && round + 1 < rounds)
-          n = compact(s, n, spec ? keep_rank(top_k, min((round + 1) * kRound, span), span) : top_k, top_k, t);
+          for (int w = 0; w < kWarps; ++w) {
+            const int c = static_cast<int>(counts[w]);
+            pos += w < warp ? c : 0;
+            total += c;
+          }
+          if (acc) nan |= append(s, v, acc, pos, cur_seg, head, lane);
+          n += total;
+          if (n >= top_k + C::kB2 && round + 1 < rounds)
+            n = compact(s, n, spec ? keep_rank(top_k, min((round + 1) * kRound, span), span) : top_k, top_k, t);
         }
       };
 
