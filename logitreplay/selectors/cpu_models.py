@@ -399,6 +399,13 @@ def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: to
     return out, DeepSelectWork(compactions, appended, redone)
 
 
+def _rank_key(ranked: torch.Tensor, rank: torch.Tensor, low: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of descending keys: the key of rank `rank` with its `low` bits cleared (what the kernel's
+    select resolves: a lower bound when bits are cleared), and how many keys are at or above it."""
+    at = ranked.gather(1, (rank - 1).clamp(0, ranked.shape[1] - 1).unsqueeze(1)).squeeze(1) & ~low
+    return at, (ranked >= at.unsqueeze(1)).sum(1)
+
+
 def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, heads: torch.Tensor, top_k: int,
                      cfg: DeepSelectConfig, bf16: bool,
                      speculate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -430,11 +437,11 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
         if r == 0:  # the first threshold, from the round's own keys
             rank = keep_rank(top_k, torch.full((n,), cfg.round), span) if speculate else full_rank
             first = selecting & (rounds > 1) & (rank <= cfg.round - vec)
-            ranked = torch.where(inside, k, -1).sort(dim=1, descending=True).values
-            prefix = ranked.gather(1, (rank - 1).clamp(0, cfg.round - 1).unsqueeze(1)).squeeze(1) & ~first_low
+            prefix, not_below = _rank_key(torch.where(inside, k, -1).sort(dim=1, descending=True).values, rank,
+                                          first_low)
             lowest = torch.where(first, prefix, lowest)
             # At least top_k keys at or above the prefix: later rounds need none equal to it.
-            later = torch.where(first & ((ranked >= prefix.unsqueeze(1)).sum(1) >= top_k), prefix + 1, lowest)
+            later = torch.where(first & (not_below >= top_k), prefix + 1, lowest)
             free = first & speculate
         take = inside & (k >= lowest.unsqueeze(1))
         lowest = later
@@ -450,8 +457,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
             ranked, order = torch.sort(buf_key[rows, :cap], dim=1, descending=True)
             seen = span[rows].clamp(max=(r + 1) * cfg.round)
             rank = keep_rank(top_k, seen, span[rows]) if speculate else full_rank[rows]
-            at = ranked.gather(1, (rank - 1).unsqueeze(1)).squeeze(1) & ~select_low
-            not_below = (ranked >= at.unsqueeze(1)).sum(1)
+            at, not_below = _rank_key(ranked, rank, select_low)
             exact = not_below >= top_k  # the rank-th key is also the k-th: keep top_k, later ones above it
             keep = torch.where(exact, top_k, not_below)
             kept = torch.arange(cap, dtype=torch.int64).unsqueeze(0) < keep.unsqueeze(1)

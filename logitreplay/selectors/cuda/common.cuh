@@ -230,13 +230,15 @@ __device__ ThresholdBin block_threshold_bin(const uint32_t* hist, uint32_t need,
 // first `ties` keys (in any order) with (key & mask) == prefix. `mask` keeps the top bits fixed so far
 // (all 32 when the m-th key was resolved exactly), so `prefix` is a lower bound of the m-th largest key
 // and exact when mask == ~0u: a safe threshold to raise to. `count` is how many keys have
-// (key & mask) == prefix (ties <= count): with it a caller knows how many keys are at or above the rule's
-// threshold, m - ties + count.
+// (key & mask) == prefix (ties <= count).
 struct SelectRule {
   uint32_t mask;
   uint32_t prefix;
   uint32_t ties;
   uint32_t count;
+
+  // How many keys are at or above the threshold (key & mask) >= prefix, for a rule of the m largest.
+  __device__ int not_below(int m) const { return m - static_cast<int>(ties) + static_cast<int>(count); }
 };
 
 template <int THREADS>

@@ -192,7 +192,7 @@ struct DeepSelect {
   __device__ static int compact(Smem& s, int n, int rank, int top_k, float& t) {
     __syncthreads();  // the last round's appends are visible
     lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, rank, s.sel);
-    const int not_below = rank - static_cast<int>(rule.ties) + static_cast<int>(rule.count);  // keys >= prefix
+    const int not_below = rule.not_below(rank);
     const bool exact = not_below >= top_k;
     const int keep = exact ? top_k : not_below;
     rule.ties += static_cast<uint32_t>(keep - rank);  // <= rule.count: more of the prefix bucket
@@ -310,22 +310,19 @@ struct DeepSelect {
         const uint32_t valid = cur_seg >= 0 ? inside(cur_seg, head, span, lane) : 0u;
         const uint32_t acc = valid & above(v, t);
         if (round == 0) t = t_later;
+        const uint32_t cnt = __popc(acc);
+        const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
         if constexpr (decltype(free_rounds)::value) {
           // A free round: the threshold no longer moves, so a warp places its accepted elements with
           // one shared atomic and no barrier, and no compaction follows. A warp whose elements would
           // not fit in the buffer places none; the count then tells the pass to be redone exactly.
-          const uint32_t cnt = __popc(acc);
-          const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
           const uint32_t total = __shfl_sync(~0u, incl, lr::kWarp - 1);
           uint32_t base = 0;
           if (lane == lr::kWarp - 1 && total) base = atomicAdd(&s.count, total);
           base = __shfl_sync(~0u, base, lr::kWarp - 1);
           if (acc && base + total <= kCap)
             nan |= append(s, v, acc, static_cast<int>(base + incl - cnt), cur_seg, head, lane);
-          return;
         } else {
-          const uint32_t cnt = __popc(acc);
-          const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
           uint32_t* counts = s.warp_count[round & 1];
           if (lane == lr::kWarp - 1) counts[warp] = incl;
           __syncthreads();
@@ -379,7 +376,7 @@ struct DeepSelect {
         // At least top_k of the round's keys at or above the prefix (ties, constant rows): it is then
         // the round's k-th key too, nothing is bet, and as after an exact compaction no later element
         // equal to it is needed, so later rounds do not take the ties in.
-        if (first_rank - static_cast<int>(rule.ties) + static_cast<int>(rule.count) >= top_k)
+        if (rule.not_below(first_rank) >= top_k)
           t_later = key_to_f32(rule.prefix);
         free = C::kFree && spec;
       }
