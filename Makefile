@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint claims claims-check
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -24,3 +24,12 @@ test: setup
 lint: setup
 	$(BIN)/python -m ruff check logitreplay tests bench
 	$(BIN)/python -m mypy
+
+# Every figure table of README.md, bench/RESULTS.md, bench/FIDELITY.md, bench/PEERS.md and docs/reliability.md,
+# rendered from the committed results under bench/results/ (bench/claims.py says how to register a table).
+claims: setup
+	$(BIN)/python bench/claims.py
+
+# Fails when a committed document differs from what its data renders (CI runs it; no GPU needed).
+claims-check: setup
+	$(BIN)/python bench/claims.py --check

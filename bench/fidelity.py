@@ -180,9 +180,11 @@ def best_decode_us(case: dict[str, Any]) -> float | None:
     return min(times) if times else None
 
 
-def report(out: Path, md: Path) -> None:
+def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
+    """The tables, declined reasons, decode ratios and misses of the suites whose JSON is in `out` (with the
+    adapters' copy costs, copy.json), and the environment of the last suite read. bench/claims.py renders
+    them into bench/FIDELITY.md from the committed runs; `report` writes them with a header after a run."""
     copy = json.loads((out / "copy.json").read_text())
-    commands = json.loads((out / "commands.json").read_text())
     lines: list[str] = []
     misses: list[str] = []
     env: dict[str, Any] = {}
@@ -233,17 +235,6 @@ def report(out: Path, md: Path) -> None:
             row = [_us(nat), _us(up, why), f"{cp:.1f}" if cp is not None else "-", ratio,
                    _us(_by_prefix(c, "deepselect")), _us(_by_prefix(c, "vllm-deepselect"), why)]
             prefill_rows.append(f"| {suite} | {c['case_id']} | " + " | ".join(row) + " |")
-    gpu = env.get("gpu") or env.get("device_name") or env.get("device") or "?"
-    lines += ["# Fidelity of the bundled kernels to vLLM 0.33's own", "",
-              f"Measured {datetime.date.today().isoformat()} on {gpu} "
-              f"({', '.join(f'{k} {v}' for k, v in env.items() if k in ('torch', 'cuda', 'driver', 'sm_clock_mhz'))}),"
-              " one run per suite, default protocol (CUDA graph per case and selector, cold L2, medians in "
-              "microseconds). vLLM's kernels are the released 0.33.0 wheel's, loaded with "
-              "`torch.ops.load_library`; they write a contiguous (rows, top_k) block, so their adapters copy "
-              "into the strided view inside the timed launch: *copy* is that copy timed alone, less the time of "
-              "a one-element kernel timed the same way (the fixed cost of a timed replay), and the "
-              f"ratio compares native with vLLM's time less it (target: within +-{TOLERANCE:.0%}).", "",
-              "Commands:", "", *[f"    {c}" for c in commands.values()], ""]
     if len(prefill_rows) > 2:
         lines += [*prefill_rows, ""]
     if len(decode_rows) > 2:
@@ -259,7 +250,24 @@ def report(out: Path, md: Path) -> None:
                   f"{max(split_ratios):.2f}, {sum(r <= DECODE_TARGET for r in split_ratios)} within "
                   f"{DECODE_TARGET}x.", ""]
     lines += ["Misses (prefill: native outside +-5% of vLLM's prefill kernel; decode: split above "
-              f"{DECODE_TARGET}x the best vLLM decode kernel): " + ("; ".join(misses) if misses else "none."), ""]
+              f"{DECODE_TARGET}x the best vLLM decode kernel): " + ("; ".join(misses) if misses else "none.")]
+    return lines, env
+
+
+def report(out: Path, md: Path) -> None:
+    commands = json.loads((out / "commands.json").read_text())
+    body, env = tables(out)
+    gpu = env.get("gpu") or env.get("device_name") or env.get("device") or "?"
+    lines = ["# Fidelity of the bundled kernels to vLLM 0.33's own", "",
+              f"Measured {datetime.date.today().isoformat()} on {gpu} "
+              f"({', '.join(f'{k} {v}' for k, v in env.items() if k in ('torch', 'cuda', 'driver', 'sm_clock_mhz'))}),"
+              " one run per suite, default protocol (CUDA graph per case and selector, cold L2, medians in "
+              "microseconds). vLLM's kernels are the released 0.33.0 wheel's, loaded with "
+              "`torch.ops.load_library`; they write a contiguous (rows, top_k) block, so their adapters copy "
+              "into the strided view inside the timed launch: *copy* is that copy timed alone, less the time of "
+              "a one-element kernel timed the same way (the fixed cost of a timed replay), and the "
+              f"ratio compares native with vLLM's time less it (target: within +-{TOLERANCE:.0%}).", "",
+              "Commands:", "", *[f"    {c}" for c in commands.values()], "", *body, ""]
     md.write_text("\n".join(lines))
     print("\n".join(lines))
 

@@ -71,16 +71,18 @@ def pct(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else (a / b - 1) * 100
 
 
-def report(out: Path) -> None:
+def report(out: Path) -> str:
+    """The table of bench/RESULTS.md's issue #4 section and its checks, from the three runs' JSON in `out`
+    (bench/claims.py renders it into RESULTS.md)."""
     e1, floors, env = medians(out / "events-1.json")
     e2, _, _ = medians(out / "events-2.json")
     cu, _, _ = medians(out / "cupti.json")
-    print(f"\nGPU: {env.get('gpu')} | driver {env.get('driver')} | CUDA {env.get('cuda_runtime', env.get('cuda'))} | "
-          f"torch {env.get('torch')} | SM clock start/end {env.get('sm_clock_mhz_start')}/"
-          f"{env.get('sm_clock_mhz_end')} MHz\n")
-    print("| case | floor | native | run 2 | cupti | upstream native | ours/upstream | reference | "
-          "upstream topk | deepselect | upstream deepselect |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [f"GPU: {env.get('gpu')} | driver {env.get('driver')} | CUDA {env.get('cuda_runtime', env.get('cuda'))} | "
+             f"torch {env.get('torch')} | SM clock start/end {env.get('sm_clock_mhz_start')}/"
+             f"{env.get('sm_clock_mhz_end')} MHz", "",
+             "| case | floor | native | run 2 | cupti | upstream native | ours/upstream | reference | "
+             "upstream topk | deepselect | upstream deepselect |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     worst_repeat, worst_timer = 0.0, 0.0
     for cid, t in e1.items():
         up = UPSTREAM.get(cid)
@@ -92,16 +94,19 @@ def report(out: Path) -> None:
             if m > 50 and c is not None:
                 worst_timer = max(worst_timer, abs(pct(c, m) or 0))
         ratio = None if up is None or nat is None else nat / up[0]
-        print(f"| {cid} | {fmt(floors.get(cid))} | {fmt(nat)} | {fmt(nat2)} | {fmt(natc)} | "
-              f"{fmt(up[0] if up else None)} | {fmt(ratio, '.2f')} | {fmt(t.get('reference'))} | "
-              f"{fmt(up[1] if up else None, '.0f')} | {fmt(t.get('deepselect'))} | {fmt(up[2] if up else None)} |")
+        lines.append(f"| {cid} | {fmt(floors.get(cid))} | {fmt(nat)} | {fmt(nat2)} | {fmt(natc)} | "
+                     f"{fmt(up[0] if up else None)} | {fmt(ratio, '.2f')} | {fmt(t.get('reference'))} | "
+                     f"{fmt(up[1] if up else None, '.0f')} | {fmt(t.get('deepselect'))} | "
+                     f"{fmt(up[2] if up else None)} |")
+    lines.append("")
     normal = e1.get("b-normal-c8192-r8192-k512", {}).get("native")
     for cid in ("b-normalplus100-c8192-r8192-k512", "b-normaltimes1e-8-c8192-r8192-k512"):
         slow = e1.get(cid, {}).get("native")
         if normal and slow:
-            print(f"\nnative slowdown {cid} vs normal: {slow / normal:.1f}x (upstream >= 5x)")
-    print(f"worst run-to-run median difference: {worst_repeat:.1f}% (target <= 3%)")
-    print(f"worst events vs cupti difference over 50 us: {worst_timer:.1f}% (target <= 5%)")
+            lines.append(f"- native slowdown {cid} vs normal: {slow / normal:.1f}x (target >= 5x)")
+    lines.append(f"- worst run-to-run median difference: {worst_repeat:.1f}% (target <= 3%)")
+    lines.append(f"- worst events vs cupti difference over 50 us: {worst_timer:.1f}% (target <= 5%)")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -114,7 +119,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.no_run:
         run(args.out, args.selectors, args.extra)
-    report(args.out)
+    print(report(args.out))
 
 
 if __name__ == "__main__":

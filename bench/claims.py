@@ -1,0 +1,500 @@
+"""Rendered claims: every figure table of the project's documents, regenerated from the committed results
+under bench/results/, so that a number in README.md, bench/RESULTS.md, bench/FIDELITY.md, bench/PEERS.md or
+docs/reliability.md is never typed by hand and cannot drift from its data. Prose stays hand-written.
+
+A rendered block in a document is the text between two marker lines:
+
+    <!-- claims: NAME -->
+    (rendered: replaced on every `make claims`)
+    <!-- /claims -->
+
+    python bench/claims.py           # rewrite every block of every document (`make claims`)
+    python bench/claims.py --check   # exit 1 naming each block that differs from its data (`make claims-check`)
+
+Registering a new table (the one step another bench script needs):
+1. write a function `def my_table(root: Path) -> str` below that reads its JSON under `root / RESULTS`
+   (`load`), builds the markdown (`table`), and states where it came from (`source`: the command, hardware
+   and date, read from the data and the folder's commands.json), and decorate it with `@claim("my-table")`;
+2. put `<!-- claims: my-table -->` and `<!-- /claims -->` on their own lines where the table goes;
+3. record the command that wrote each results file in its folder's commands.json ({file: command});
+4. run `make claims` and commit the document with the data.
+A block whose NAME has no function, or a function no document uses, fails the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))  # the bench scripts whose tables these are (fidelity, reliability, ...)
+
+import fidelity  # noqa: E402
+import reliability  # noqa: E402
+import replay_controls  # noqa: E402
+
+ROOT = BENCH.parent
+RESULTS = "bench/results"
+DOCUMENTS = ("README.md", "bench/RESULTS.md", "bench/FIDELITY.md", "bench/PEERS.md", "docs/reliability.md")
+BLOCK = re.compile(r"^<!-- claims: (?P<name>[\w.-]+) -->\n(?P<body>.*?)^<!-- /claims -->$", re.M | re.S)
+MARKER = re.compile(r"^<!-- /?claims\b.*$", re.M)
+
+Renderer = Callable[[Path], str]
+RENDERERS: dict[str, Renderer] = {}
+
+
+class ClaimsError(Exception):
+    """A document or its data cannot be rendered: unknown block, unterminated marker, missing record."""
+
+
+def claim(name: str) -> Callable[[Renderer], Renderer]:
+    """Register `fn(root) -> markdown` as the renderer of the blocks named `name`."""
+
+    def register(fn: Renderer) -> Renderer:
+        if name in RENDERERS:
+            raise ClaimsError(f"claims block {name!r} registered twice")
+        RENDERERS[name] = fn
+        return fn
+
+    return register
+
+
+# ---- reading the data and stating where it came from ----
+
+def load(root: Path, rel: str) -> Any:
+    """A committed results file (`rel` under bench/results/), as JSON."""
+    return json.loads((root / RESULTS / rel).read_text())
+
+
+def run_date(rel: str) -> str:
+    """The date of a run: its results folder is named `<hardware>-YYYY-MM-DD`."""
+    m = re.match(r"[\w.]+-(\d{4}-\d{2}-\d{2})/", rel)
+    if m is None:
+        raise ClaimsError(f"{RESULTS}/{rel}: not in a results folder named <hardware>-YYYY-MM-DD")
+    return m.group(1)
+
+
+def recorded(root: Path, rel: str) -> dict[str, str]:
+    """The folder's commands.json entry for a results file: its command, and its hardware where the file
+    itself does not say (test records)."""
+    folder, _, name = rel.partition("/")
+    path = root / RESULTS / folder / "commands.json"
+    entry = json.loads(path.read_text()).get(name) if path.is_file() else None
+    if entry is None:
+        raise ClaimsError(f"{RESULTS}/{rel}: no command recorded in {RESULTS}/{folder}/commands.json")
+    return {"command": entry} if isinstance(entry, str) else entry
+
+
+def hardware(env: dict[str, Any]) -> str:
+    """The machine of a run, from a report's environment (or a bench JSON's own device fields)."""
+    gpu = env.get("gpu") or env.get("device")
+    parts = [f"{gpu}" + (f", {env['sm_count']} SMs" if env.get("sm_count") else "")] if gpu else []
+    parts += [f"{label} {env[key]}" for key, label in (("driver", "driver"), ("cuda_runtime", "CUDA"),
+                                                       ("torch", "torch")) if env.get(key)]
+    return ", ".join(parts)
+
+
+def source(root: Path, rel: str, env: dict[str, Any] | None = None) -> str:
+    """One line naming a table's data: the file, the date and hardware of its run, the command."""
+    entry = recorded(root, rel)
+    where = entry.get("hardware") or hardware(env or {})
+    return (f"Data: `{RESULTS}/{rel}` ({run_date(rel)}, {where}); command: `{entry['command']}`.")
+
+
+def protocol(report: dict[str, Any]) -> str:
+    """A replay report's timing protocol in words."""
+    p = report["protocol"]
+    graphs = "CUDA graphs, " if p.get("graphs") else ""
+    return (f"{graphs}{p['l2']} L2, {p['warmup']} warmups, {p['rounds']} alternating rounds x "
+            f"{p['samples_per_round']} samples, {p['timer']} timer, medians in microseconds")
+
+
+# ---- markdown ----
+
+def table(head: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
+    head = list(head)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def span(values: list[float], unit: str = "x") -> str:
+    """`lo-hi` of some ratios, to two decimals (one value: itself)."""
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
+# ---- replay reports ----
+
+def medians(report: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per case id: selector -> median us (timed results only)."""
+    return {c["case_id"]: {r["selector"]: r["timing"]["median_us"] for r in c["results"]
+                           if r["status"] == "ok" and r.get("timing")} for c in report["cases"]}
+
+
+def worst_cv(report: dict[str, Any]) -> float:
+    return max(r["timing"]["cv"] for c in report["cases"] for r in c["results"]
+               if r["status"] == "ok" and r.get("timing"))
+
+
+def pair_rules(report: dict[str, Any], a: str = "native", b: str = "deepselect") -> list[Any]:
+    """`replay --recommend`'s rules of one selector pair, recomputed from the report (the CLI's own code)."""
+    from logitreplay.replay.recommend import recommend
+    from logitreplay.replay.results import ReplayResult
+
+    return [r for r in recommend(ReplayResult.from_json(report)) if (r.a, r.b) == (a, b)]
+
+
+H200_FP32 = "h200-2026-12-02/seed-controls.json"
+H200_BF16 = "h200-2026-12-02/decisions/fit-seed-controls-bf16.json"
+README_CASES = ("b-normal-c8192-r8192-k512", "b-normalplus100-c8192-r8192-k512",
+                "b-normaltimes1e-8-c8192-r8192-k512", "c-normal-c25600-r2048-k512", "c-normal-c102400-r1310-k512")
+CONCENTRATED = ("normal+100", "normal*1e-8")
+
+
+def _case_label(case: dict[str, Any]) -> str:
+    return f"{case['cols']} x {case['rows']}" + ("" if case["top_k"] == 512 else f", k={case['top_k']}")
+
+
+@claim("readme-h200")
+def readme_h200(root: Path) -> str:
+    report = load(root, H200_FP32)
+    t = medians(report)
+    by_id = {c["case_id"]: c for c in report["cases"]}
+    rows = [[f"{_case_label(by_id[cid])} {by_id[cid]['source']}", us(by_id[cid]["floor_us"]),
+             us(t[cid].get("reference")), us(t[cid].get("native")), us(t[cid].get("deepselect"))]
+            for cid in README_CASES]
+    return "\n".join([
+        f"The same command with `--device cuda` on an H200 (full-scale suite; {protocol(report)}; "
+        "`bench/RESULTS.md` has every case, the command and the date):", "",
+        table(["logits cols x rows", "read floor", "masked torch.topk", "native", "deepselect"], rows), "",
+        source(root, H200_FP32, report["environment"])])
+
+
+def _normal_crossing(report: dict[str, Any]) -> tuple[str, str]:
+    """Where native stops and deepselect starts on normal logits, as (native's last width, deepselect's
+    first), from the recommend rule of the normal-only cases."""
+    (rule,) = [r for r in pair_rules(report) if r.source == "normal"]
+    widths = sorted(rule.ratios)
+    if rule.crossovers:
+        c = rule.crossovers[-1]
+        return (str(c.lower_width), str(c.upper_width)) if c.above == "deepselect" else ("", "")
+    return ("", str(widths[0])) if rule.ratios[widths[0]] > 1 else (str(widths[-1]), "")
+
+
+@claim("readme-rule")
+def readme_rule(root: Path) -> str:
+    fp32, bf16 = load(root, H200_FP32), load(root, H200_BF16)
+    nat_last, ds_first = _normal_crossing(fp32)
+    _, bf16_first = _normal_crossing(bf16)
+    t = medians(fp32)
+    slow = [t[c["case_id"]]["native"] / t[c["case_id"]]["deepselect"] for c in fp32["cases"]
+            if c["source"] in CONCENTRATED]
+    return (f"`replay --recommend` turns such a table into a measured dispatch rule: here native up to "
+            f"{nat_last} columns and deepselect from {ds_first} on normal logits (fp32; on bf16 deepselect wins "
+            f"from {bf16_first}), and deepselect wherever scores are concentrated, where native's fp16 histogram "
+            f"collapses and it runs {span(slow)} slower than deepselect.")
+
+
+@claim("controls")
+def controls(root: Path) -> str:
+    fp32, bf16 = load(root, H200_FP32), load(root, H200_BF16)
+    t32, t16 = medians(fp32), medians(bf16)
+    floors16 = {c["case_id"]: c["floor_us"] for c in bf16["cases"]}
+    rows = []
+    for c in fp32["cases"]:
+        a, b = t32[c["case_id"]], t16.get(c["case_id"] + "-bf16", {})
+        rows.append([f"{c['case_id'][0]}: {_case_label(c)}", c["source"], us(c["floor_us"]), us(a.get("reference")),
+                     us(a.get("native")), us(a.get("deepselect")), ratio(a.get("native"), a.get("deepselect")),
+                     us(floors16.get(c["case_id"] + "-bf16")), us(b.get("native")), us(b.get("deepselect")),
+                     ratio(b.get("native"), b.get("deepselect"))])
+    return "\n".join([
+        table(["case (cols x rows)", "source", "floor fp32", "reference fp32", "native fp32", "deepselect fp32",
+               "native / deepselect", "floor bf16", "native bf16", "deepselect bf16", "native / deepselect"], rows),
+        "", f"Protocol: {protocol(fp32)}. Largest coefficient of variation of any timing: "
+        f"{100 * max(worst_cv(fp32), worst_cv(bf16)):.1f}%.", "",
+        source(root, H200_FP32, fp32["environment"]), "", source(root, H200_BF16, bf16["environment"])])
+
+
+@claim("controls-rule")
+def controls_rule(root: Path) -> str:
+    lines = []
+    for rel in (H200_FP32, H200_BF16):
+        report = load(root, rel)
+        lines += [f"- {r.rule}" for r in pair_rules(report)]
+        t = medians(report)
+        for c in report["cases"]:
+            if c["source"] in CONCENTRATED:
+                m = t[c["case_id"]]
+                lines.append(f"- {c['case_id']}: deepselect {m['native'] / m['deepselect']:.1f}x faster than native")
+    return "\n".join(lines)
+
+
+@claim("controls-2026-11-29")
+def controls_2026_11_29(root: Path) -> str:
+    folder = "h200-2026-11-29"
+    env = load(root, f"{folder}/events-1.json")["environment"]
+    return "\n".join([replay_controls.report(root / RESULTS / folder), "",
+                      *(source(root, f"{folder}/{name}.json", env) + "\n" for name in ("events-1", "events-2", "cupti"))
+                      ]).rstrip()
+
+
+@claim("capture-overhead")
+def capture_overhead(root: Path) -> str:
+    rel = "h200-2026-11-29/capture_overhead.json"
+    d = load(root, rel)
+    med, cfg = d["median_s"], d["config"]
+    plain = med["plain"]
+    rows = [["plain (no hooks)", f"{1e3 * plain:.2f}", "-"],
+            ["armed, idle (hooks attached, policy wants nothing more)", f"{1e3 * med['armed-idle']:.2f}",
+             f"+{100 * d['armed_idle_overhead']:.2f}%"],
+            ["capturing every indexer call", f"{1e3 * med['capturing']:.2f}",
+             f"+{100 * d['capture_extra_fraction']:.2f}%: {1e3 * d['capture_extra_on_stream_s']:.1f} ms per prefill, "
+             f"{d['capture_extra_per_case_ms']:.2f} ms per case"]]
+    return "\n".join([
+        f"{cfg['layers']} layers, hidden {cfg['hidden']}, indexer {cfg['index_heads']} heads x {cfg['index_dim']} dims, "
+        f"top-k {cfg['top_k']}; {cfg['tokens']} tokens in chunks of {cfg['chunk_size']}; {d['capture']['cases']} cases "
+        f"captured ({d['capture']['bytes'] / 2**20:.0f} MiB), {d['capture']['reference_mismatched_rows']} mismatched "
+        f"reference rows; writer work after the forward {min(d['flush_s']):.2f}-{max(d['flush_s']):.2f} s.", "",
+        table(["configuration", f"prefill ms (median of {cfg['rounds']})", "vs plain"], rows), "",
+        source(root, rel, {"gpu": d["device"], "torch": d["torch"]})])
+
+
+# ---- bench/deepselect_tune.py runs ----
+
+def tune(root: Path, rel: str, run: str | None = None) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
+    """A deepselect_tune JSON (or one `run` of a file holding several) and its timings by (case, dtype)."""
+    d = load(root, rel)
+    d = d["runs"][run] if run else d
+    return d, {(t["case"], t["dtype"]): t for t in d["timings"]}
+
+
+def _cases(timings: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(case for case, _ in timings))
+
+
+def deepselect_vs_upstream(root: Path, rel: str) -> str:
+    d, t = tune(root, rel)
+    rows = []
+    for case in _cases(t):
+        a, b = t[(case, "fp32")], t[(case, "bf16")]
+        rows.append([a["label"], us(a["floor"]), us(a["native"]), us(a["default"]), us(a["upstream"]),
+                     ratio(a["default"], a["upstream"]), us(b["default"]), us(b["upstream"]),
+                     ratio(b["default"], b["upstream"]), ratio(a["default"], b["default"])])
+    failures = sum(len(v) for v in d["correctness"].values()) + len(d.get("full_scale_failures") or [])
+    return "\n".join([
+        table(["case", "floor fp32", "native fp32", "ours fp32", "upstream fp32", "ratio", "ours bf16",
+               "upstream bf16", "ratio", "bf16 speedup"], rows), "",
+        f"SM clock {d['sm_clock_mhz']} MHz at the start, {d['sm_clock_mhz_end']} at the end; verification "
+        f"failures: {failures}. *upstream*: upstream DeepSelect's times of issue #5 (same protocol, H200), as the "
+        "script records them: quoted, not measured from this tree.", "",
+        source(root, rel, d["environment"])])
+
+
+for _name, _rel in (("deepselect-2026-12-01", "h200-2026-12-01/deepselect-tune.json"),
+                    ("deepselect-2026-12-02", "h200-2026-12-02/deepselect-tune.json")):
+    claim(_name)(functools.partial(deepselect_vs_upstream, rel=_rel))
+
+
+@claim("deepselect-sweep")
+def deepselect_sweep(root: Path) -> str:
+    rel = "h200-2026-12-02/deepselect-sweep.json"
+    d, t = tune(root, rel)
+    names = list(d["variants"])
+    rows = [[t[(case, "fp32")]["label"], *(f"{us(t[(case, 'fp32')][v])} / {us(t[(case, 'bf16')][v])}"
+                                           for v in [*names, "native"])] for case in _cases(t)]
+    builds = "; ".join(f"{v}: " + (", ".join(f"{k}={x}" for k, x in defs.items()) or "as committed")
+                       for v, defs in d["variants"].items())
+    return "\n".join([table(["case (fp32 / bf16)", *names, "native"], rows), "", f"Builds: {builds}.", "",
+                      source(root, rel, d["environment"])])
+
+
+@claim("deepselect-decode")
+def deepselect_decode(root: Path) -> str:
+    rel = "h200-2026-12-02/deepselect-decode.json"
+    d, t = tune(root, rel)
+    rows = [[t[(case, "fp32")]["label"], *(f"{us(t[(case, 'fp32')][s])} / {us(t[(case, 'bf16')][s])}"
+                                           for s in ("default", "split", "native"))] for case in _cases(t)]
+    return "\n".join([table(["shape (fp32 / bf16)", "deepselect", "split", "native"], rows), "",
+                      source(root, rel, d["environment"])])
+
+
+# A split sweep table: columns (header, file, run or None, variant); `ref` is the best vLLM decode kernel of
+# the stored replay, which the script records as `upstream`.
+SplitColumns = list[tuple[str, str, str | None, str]]
+SPLIT_TABLES: dict[str, tuple[SplitColumns, str | None]] = {
+    "split-tune": ([(v, "h200-2026-12-01/split-tune.json", None, v)
+                    for v in ("k64", "c2", "c4_s1", "u8", "t256", "t1024", "default")], "fp32"),
+    "split-coarse": ([("before", "h200-2026-12-01/split-tune.json", None, "default"),
+                      ("last part", "h200-2026-12-01/split-coarse-tune.json", "last-part-finishes", "default"),
+                      ("together", "h200-2026-12-01/split-coarse-tune.json", "parts-resolve-together", "default"),
+                      ("final", "h200-2026-12-01/split-coarse-tune.json", "final", "default")], None),
+    "split-finish": ([("items >= 4096", "h200-2026-12-01/split-finish-tune.json", None, "m4k"),
+                      ("together", "h200-2026-12-01/split-finish-tune.json", None, "together"),
+                      ("final", "h200-2026-12-01/split-finish-tune.json", None, "default")], None),
+}
+
+
+def split_table(root: Path, name: str) -> str:
+    columns, only = SPLIT_TABLES[name]
+    runs = {(rel, run): tune(root, rel, run) for _, rel, run, _ in columns}
+    last_rel, last_run = columns[-1][1], columns[-1][2]
+    d, ref = runs[(last_rel, last_run)]
+    rows = []
+    for case, dtype in ref:
+        if only and dtype != only:
+            continue
+        cells = [runs[(rel, run)][1][(case, dtype)][v] for _, rel, run, v in columns]
+        upstream = ref[(case, dtype)]["upstream"]
+        rows.append([ref[(case, dtype)]["label"].removeprefix("decode "), *([] if only else [dtype]), us(upstream),
+                     *map(us, cells), ratio(cells[-1], upstream)])
+    files = list(dict.fromkeys(rel for _, rel, _, _ in columns))
+    return "\n".join([table(["shape", *([] if only else ["dtype"]), "ref", *(h for h, _, _, _ in columns),
+                             f"{columns[-1][0]} / ref"], rows), "",
+                      *(source(root, rel, next(v[0] for k, v in runs.items() if k[0] == rel)["environment"]) + "\n"
+                        for rel in files)]).rstrip()
+
+
+for _name in SPLIT_TABLES:
+    claim(_name)(functools.partial(split_table, name=_name))
+
+
+# ---- records written as markdown by their scripts ----
+
+def record_table(root: Path, rel: str) -> str:
+    """The table lines of a markdown record a bench script wrote, and its source."""
+    lines = [x for x in (root / RESULTS / rel).read_text().splitlines() if x.startswith("|")]
+    if not lines:
+        raise ClaimsError(f"{RESULTS}/{rel}: no table in the record")
+    return "\n".join([*lines, "", source(root, rel)])
+
+
+@claim("decisions")
+def decisions(root: Path) -> str:
+    rel = "h200-2026-12-02/decisions/decisions.md"
+    return (root / RESULTS / rel).read_text().splitlines()[0] + "\n\n" + record_table(root, rel)
+
+
+@claim("deepselect-bets")
+def deepselect_bets(root: Path) -> str:
+    return record_table(root, "cpu-2026-12-02/deepselect-bets.md")
+
+
+@claim("codecs")
+def codecs(root: Path) -> str:
+    """bench/codecs.py's printout (distribution, codec, ratio, encode and decode MB/s), one row per
+    distribution."""
+    rel = "cpu-2026-12-02/codecs.txt"
+    got: dict[str, dict[str, list[str]]] = {}
+    for line in (root / RESULTS / rel).read_text().splitlines()[1:]:
+        dist, codec, *numbers = line.split()
+        got.setdefault(dist, {})[codec] = numbers
+    rows = [[dist, c["zstd-1"][0], c["blosc-lz4-bitshuffle"][0], c["zstd-1"][2], c["blosc-lz4-bitshuffle"][2]]
+            for dist, c in got.items()]
+    return "\n".join([table(["distribution", "Zstd-1 ratio", "Blosc lz4+bitshuffle ratio", "Zstd-1 decode MB/s",
+                             "Blosc decode MB/s"], rows), "", source(root, rel)])
+
+
+# ---- bench/FIDELITY.md and docs/reliability.md: their scripts' own tables ----
+
+@claim("fidelity-decode")
+def fidelity_decode(root: Path) -> str:
+    folder = "h200-2026-12-01"
+    lines, env = fidelity.tables(root / RESULTS / folder)
+    return "\n".join([*lines, "", *(source(root, f"{folder}/{name}", env) + "\n"
+                                    for name in ("decode.json", "decode-bf16.json", "copy.json"))]).rstrip()
+
+
+RELIABILITY = {"cpu-2026-12-02/cpu-junit.xml": False, "h200-2026-11-29/gpu-junit.xml": True}
+
+
+@claim("reliability")
+def reliability_table(root: Path) -> str:
+    rows: dict[tuple[str, str], reliability.Tally] = {}
+    for rel, gpu in RELIABILITY.items():
+        rows.update(reliability.tally([root / RESULTS / rel], gpu=gpu))
+    return "\n".join([reliability.table(rows), "", *(source(root, rel) + "\n" for rel in RELIABILITY)]).rstrip()
+
+
+# ---- documents ----
+
+def render_text(text: str, root: Path, where: str = "document") -> str:
+    """`text` with every claims block rendered again; an unknown or unterminated block is an error."""
+    ends = [m.start() for m in BLOCK.finditer(text)]
+    if len(MARKER.findall(text)) != 2 * len(ends):
+        raise ClaimsError(f"{where}: a claims marker without its pair (each block is `<!-- claims: NAME -->` "
+                          "... `<!-- /claims -->`, each on its own line)")
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in RENDERERS:
+            raise ClaimsError(f"{where}: block {name!r} has no renderer in bench/claims.py")
+        return f"<!-- claims: {name} -->\n{RENDERERS[name](root).rstrip()}\n<!-- /claims -->"
+
+    return BLOCK.sub(one, text)
+
+
+def blocks(text: str) -> list[str]:
+    return [m.group("name") for m in BLOCK.finditer(text)]
+
+
+def run(root: Path, check: bool) -> list[str]:
+    """Render every document under `root`; with `check`, write nothing and return a diff per stale block
+    (and an entry per renderer no document uses)."""
+    problems: list[str] = []
+    used: set[str] = set()
+    for rel in DOCUMENTS:
+        path = root / rel
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        used.update(blocks(text))
+        new = render_text(text, root, rel)
+        if new == text:
+            continue
+        if check:
+            diff = difflib.unified_diff(text.splitlines(), new.splitlines(), f"{rel} (committed)",
+                                        f"{rel} (rendered from its data)", lineterm="", n=1)
+            problems.append("\n".join(diff))
+        else:
+            path.write_text(new)
+            print(f"rendered {rel}")
+    problems += [f"renderer {name!r} is used by no document" for name in sorted(set(RENDERERS) - used)]
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a document differs from its data")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the tree to render (default: this repository)")
+    args = ap.parse_args(argv)
+    try:
+        problems = run(args.root, args.check)
+    except (ClaimsError, OSError, KeyError, ValueError) as e:
+        print(f"claims: {e}", file=sys.stderr)
+        return 1
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        print("claims: documents differ from their data; run `make claims` and commit", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
