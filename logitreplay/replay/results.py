@@ -99,6 +99,7 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     recommendation: list[dict[str, Any]] = field(default_factory=list)  # `replay --recommend` (recommend.py)
     per_forward: list[dict[str, Any]] = field(default_factory=list)  # `replay --per-forward` (per_forward.py)
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # a replay over ranks, or a merge (distributed.py)
 
     SCHEMA: ClassVar[str] = "logitreplay.replay/1"
 
