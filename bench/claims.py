@@ -268,9 +268,12 @@ def capture_overhead(root: Path) -> str:
              f"{d['capture_extra_per_case_ms']:.2f} ms per case"]]
     return "\n".join([
         f"{cfg['layers']} layers, hidden {cfg['hidden']}, indexer {cfg['index_heads']} heads x {cfg['index_dim']} dims, "
-        f"top-k {cfg['top_k']}; {cfg['tokens']} tokens in chunks of {cfg['chunk_size']}; {d['capture']['cases']} cases "
-        f"captured ({d['capture']['bytes'] / 2**20:.0f} MiB), {d['capture']['reference_mismatched_rows']} mismatched "
-        f"reference rows; writer work after the forward {min(d['flush_s']):.2f}-{max(d['flush_s']):.2f} s.", "",
+        f"top-k {cfg['top_k']}; {cfg['tokens']} tokens in chunks of {cfg['chunk_size']}; {d['staged_per_round'][-1]['captured']} "
+        f"cases captured per prefill ({d['staged_per_round'][-1]['bytes'] / 2**20:.0f} MiB staged), "
+        f"{d['capture']['reference_mismatched_rows']} mismatched "
+        f"reference rows; writer work after the forward {min(d['flush_s']):.2f}-{max(d['flush_s']):.2f} s; the hooks "
+        f"on an indexer call the policy refuses: {d['hook_cost']['hooks_us']:+.1f} us on a "
+        f"{d['hook_cost']['indexer_call_us']:.1f} us call.", "",
         table(["configuration", f"prefill ms (median of {cfg['rounds']})", "vs plain"], rows), "",
         source(root, rel, {"gpu": d["device"], "torch": d["torch"]})])
 
