@@ -127,14 +127,16 @@ def run(args: argparse.Namespace) -> None:
                 archive = Archive.create(own)
                 for case in own_cases():
                     archive.write(case)
-            commands[suite] = replay(out, "own", [str(own)], decode)
+            commands[f"{suite}.json"] = replay(out, "own", [str(own)], decode)
         elif suite in DECODE_SUITES:
-            commands[suite] = replay(out, suite, ["--suite", suite, "--scale", "full"], decode)
+            commands[f"{suite}.json"] = replay(out, suite, ["--suite", suite, "--scale", "full"], decode)
         else:
-            commands[suite] = replay(out, suite, ["--suite", suite, "--scale", "full"], prefill)
+            commands[f"{suite}.json"] = replay(out, suite, ["--suite", suite, "--scale", "full"], prefill)
     shapes = {(c["rows"], c["top_k"]) for name in suites
               for c in json.loads((out / f"{name}.json").read_text())["cases"]}
     copy_costs(out, shapes)
+    commands["copy.json"] = ["python", "bench/fidelity.py", *sys.argv[1:]]
+    # By file, as bench/claims.py reads a results folder's commands.json.
     path = out / "commands.json"
     known = json.loads(path.read_text()) if path.is_file() else {}
     path.write_text(json.dumps({**known, **{k: " ".join(v) for k, v in commands.items()}}, indent=1))
