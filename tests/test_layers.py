@@ -1,7 +1,8 @@
 """The import rule of docs/design.md, checked on the source: imports run one way, and no file imports
 itself back through others.
 
-Layers, lowest first: errors < archive (the data model) < selectors < datasets < capture, replay < cli.
+Layers, lowest first: errors < archive (the data model) < selectors < datasets < capture, replay < cli
+< __main__ (`python -m logitreplay`).
 A module may import its own layer's package and any lower layer; capture and replay never import each
 other; nothing imports the CLI. Every import counts, including those inside functions: a lazy import
 is still a dependency, only a later one.
@@ -17,7 +18,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "logitreplay"
 
 # Layer of each top-level part of the package (the first name after `logitreplay.`).
-LAYER = {"errors": 0, "archive": 1, "selectors": 2, "datasets": 3, "capture": 4, "replay": 4, "cli": 5}
+LAYER = {"errors": 0, "archive": 1, "selectors": 2, "datasets": 3, "capture": 4, "replay": 4, "cli": 5,
+         "__main__": 6}  # `python -m logitreplay`, `torchrun -m logitreplay`: the command, on top
 ROOT = "__init__"  # logitreplay/__init__.py re-exports the data model only
 
 
