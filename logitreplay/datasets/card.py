@@ -96,6 +96,19 @@ def _provenance_section(infos: list[CaseInfo], fields: dict[str, Any]) -> str:
                      "regenerates it bit for bit"
                      + "".join(f"; `logitreplay synth --suite {s} --scale SCALE` writes the whole suite"
                                for s in suites) + ".")
+    indexer = [i.provenance["recipe"]["indexer"] for i in synthetic if "indexer" in i.provenance.get("recipe", {})]
+    if indexer:
+        models = ", ".join(f"{m['model']} ({m['heads']} heads x {m['head_dim']})"
+                           for m in _distinct([{k: m[k] for k in ("model", "heads", "head_dim")} for m in indexer]))
+        lines.append(f"- {len(indexer)} indexer case(s): scores made as a DSA indexer makes them, per-head ReLU(q.k) "
+                     f"weighted and summed over the heads of {models}, q and k rounded to FP8 e4m3 with power-of-two "
+                     "scales per 128 values where `fp8` is set, with sink tokens, recency and repeated text; "
+                     "`provenance.recipe.indexer` holds every parameter (they are synthetic, not captured).")
+    flooded = [i.provenance["recipe"]["flood"] for i in synthetic if "flood" in i.provenance.get("recipe", {})]
+    if flooded:
+        lines.append(f"- {len(flooded)} flooded-bin case(s) (`provenance.recipe.flood`: "
+                     f"{', '.join(str(n) for n in _distinct(flooded))}): every row holds that many values in "
+                     "[1, 1 + 2^-5), one coarse histogram bin, above all its other values (<= 0).")
     decode = sum(i.provenance.get("kind") == "decode" for i in infos)
     if decode:
         lines.append(f"- {decode} decode case(s) (`provenance.kind: decode`): `provenance.decode` holds the arguments of "

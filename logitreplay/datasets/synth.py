@@ -9,18 +9,27 @@ bit for bit (numpy's PCG64 stream is stable across platforms and releases).
 The `decode` suites hold decode top-k calls as serving makes them for DeepSeek V3.2 / V4 (`DecodeRecipe`):
 batch x next_n rows of a max_model_len = 163840 wide matrix, every row far shorter than the width, with the
 decode facts (`archive/decode.py`) recorded on each case.
+
+The `indexer` suites hold scores made as a DSA indexer makes them (`datasets/indexer.py`: per-head q.k of
+the real head counts and dims, FP8-rounded q and k, ReLU, per-head weights, the sum, with sink tokens,
+recency and repeated text): `indexer` prefill chunks (causal rows at the end of a sequence) and
+`indexer-decode` decode batches (lengths mixed between 1K and 160K); every parameter is in the recipe.
+`stress` also holds flooded rows (`FloodRecipe`): the top values of every row in one coarse histogram
+bin, as many of them as the kernels' capacities and one more.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
 from logitreplay.archive import Case, DecodeFacts
+from logitreplay.datasets.indexer import Indexer, IndexerModel
+from logitreplay.selectors.cpu_models import SPLIT_SLOT_LISTED, deepselect_config
 
 SCALES: tuple[str, ...] = ("small", "full")
 # Small scale divides rows and columns by this factor, keeping their ratio, so a CPU runs the suite in
@@ -166,15 +175,108 @@ def _decode() -> list[Recipe]:
     return r
 
 
+# Indexer prefill: vLLM prefills in chunks; a chunk's rows are its queries, causal at the end of the
+# sequence so far. Small scale divides both by this (the q.k work falls 256-fold).
+SMALL_INDEXER_DIVISOR = 16
+
+
+@dataclass(frozen=True)
+class IndexerRecipe(Recipe):
+    """A prefill chunk scored by a DSA indexer (`datasets/indexer.py`): `rows` queries at the end of a
+    `cols`-token sequence, causal."""
+
+    indexer: IndexerModel = field(default_factory=IndexerModel)
+
+    def shrunk(self) -> IndexerRecipe:
+        rows, cols = max(1, self.rows // SMALL_INDEXER_DIVISOR), max(1, self.cols // SMALL_INDEXER_DIVISOR)
+        return replace(self, rows=rows, cols=cols, top_k=min(self.top_k, max(1, cols // 2)))
+
+
+@dataclass(frozen=True)
+class IndexerDecodeRecipe(DecodeRecipe):
+    """A decode batch scored by a DSA indexer: each request is a window of one long text (its own
+    positions, sinks at its start), its query the window's last token (next_n of them when speculative)."""
+
+    indexer: IndexerModel = field(default_factory=IndexerModel)
+
+
+# Capacities the flooded rows sit at (count, count + 1): vLLM's persistent_topk holds 16384 keys of its
+# threshold bin, DeepSelect's candidate buffer at k 2048 holds k + slack + round, split's workspace slot
+# lists SPLIT_SLOT_LISTED keys of a split row's coarse bucket.
+PERSISTENT_TOPK_CAPACITY = 16384
+# One fp16 11-bit bin and one split bin, [1, 1 + 2^-5): its top end stays below the fp16 rounding midpoint.
+FLOOD_LOW, FLOOD_HIGH = np.float32(1), np.float32(1 + 31 * 2**-10)
+
+
+@dataclass(frozen=True)
+class FloodRecipe(DecodeRecipe):
+    """A decode batch whose rows each hold `flood` values in one coarse histogram bin, [1, 1 + 2^-5) (the
+    same bin of native's fp16 pass and of split's magnitude round), above every other value (all <= 0):
+    the threshold bin holds them all. Small scale divides `flood` and top_k by 8 (keeping the +1)."""
+
+    flood: int = 0
+
+    @property
+    def case_id(self) -> str:
+        return f"{super().case_id}-f{self.flood}"
+
+    def shrunk(self) -> FloodRecipe:
+        base = super().shrunk()
+        return replace(self, rows=base.rows, cols=base.cols, width_divisor=base.width_divisor, top_k=self.top_k // 8,
+                       flood=self.flood // 8 + self.flood % 8)
+
+
+def _indexer() -> list[Recipe]:
+    s, v32 = "indexer", IndexerModel.of("deepseek-v3.2")
+    r: list[Recipe] = []
+    for i, (cols, rows) in enumerate(((8192, 2048), (32768, 2048), (65536, 1024), (131072, 512))):
+        r.append(IndexerRecipe(s, "v32", "indexer", rows, cols, 2048, "causal", 800 + i, indexer=v32))
+    variants = (("glm5", IndexerModel.of("glm-5")), ("v32plain", v32.plain),
+                ("v32repeat", replace(v32, repeat=0.8)), ("v32sinks", replace(v32, sinks=4, sink=6.0)),
+                ("v32nofp8", replace(v32, fp8=False)))
+    for i, (group, m) in enumerate(variants):
+        r.append(IndexerRecipe(s, group, "indexer", 2048, 32768, 2048, "causal", 810 + i, indexer=m))
+    return r
+
+
+def _indexer_decode_recipe(group: str, m: IndexerModel, batch: int, next_n: int, seed: int,
+                           seq_lens: str = "long") -> IndexerDecodeRecipe:
+    return IndexerDecodeRecipe("indexer-decode", group, "indexer", batch * next_n, MAX_MODEL_LEN, 2048, "decode",
+                               seed, next_n=next_n, seq_lens=seq_lens, indexer=m)
+
+
+def _indexer_decode() -> list[Recipe]:
+    v32 = IndexerModel.of("deepseek-v3.2")
+    r: list[Recipe] = [_indexer_decode_recipe("v32", v32, b, 1, 900 + i)
+                       for i, b in enumerate((1, 8, 32, 64, 65, 128, 256, 512))]
+    r += [_indexer_decode_recipe("v32", v32, b, 2, 920 + i) for i, b in enumerate((64, 128))]
+    r += [_indexer_decode_recipe("glm5", IndexerModel.of("glm-5"), b, 1, 930 + i) for i, b in enumerate((128, 256))]
+    r.append(_indexer_decode_recipe("v32plain", v32.plain, 256, 1, 940))
+    r.append(_indexer_decode_recipe("v32", v32, 256, 1, 950, seq_lens="32k"))
+    r.append(_indexer_decode_recipe("v32repeat", replace(v32, repeat=0.8), 256, 1, 960))
+    return r
+
+
+def _flood() -> list[Recipe]:
+    ds = deepselect_config(2048, MAX_MODEL_LEN).cap
+    cap = PERSISTENT_TOPK_CAPACITY
+    shapes = [(256, n) for n in (cap, cap + 1, 40000)]
+    shapes += [(33, n) for n in (cap, cap + 1, ds, ds + 1, SPLIT_SLOT_LISTED, SPLIT_SLOT_LISTED + 1)]
+    return [FloodRecipe("stress", "bin", "flood", rows, MAX_MODEL_LEN, 2048, "decode", 560 + i, seq_lens="full",
+                        flood=n) for i, (rows, n) in enumerate(shapes)]
+
+
 SUITES: dict[str, list[Recipe]] = {
     "seed-controls": _seed_controls(),
     # The same draws rounded to bfloat16: the published bf16 column (kernels read half the bytes).
     "seed-controls-bf16": [replace(r, suite="seed-controls-bf16", dtype="bfloat16") for r in _seed_controls()],
-    "stress": _stress(),
+    "stress": _stress() + _flood(),
     "decode": _decode(),
     # The same draws rounded to bfloat16: decode logits as DeepGEMM writes them on SM100, which
     # deep_select reads without the fp32 upcast ("keeping bf16 halves top-k reads").
     "decode-bf16": [replace(r, suite="decode-bf16", dtype="bfloat16") for r in _decode()],
+    "indexer": _indexer(),
+    "indexer-decode": _indexer_decode(),
 }
 
 
@@ -234,10 +336,12 @@ def decode_facts(recipe: DecodeRecipe) -> DecodeFacts:
     """The decode call a recipe describes: its requests' lengths (drawn from their own stream, so the
     distribution ablation shares them) and the facts vLLM would pass."""
     batch, n, div = recipe.batch, recipe.next_n, recipe.width_divisor
-    if recipe.seq_lens == "mixed":
+    if recipe.seq_lens in ("mixed", "long"):
+        # Log-uniform in [SEQ_MIN, top], both ends pinned; long: up to the whole width (1K-160K).
+        top = SEQ_MAX if recipe.seq_lens == "mixed" else MAX_MODEL_LEN
         u = np.random.default_rng([recipe.seed, 1]).random(batch)
-        lens = np.exp(np.log(SEQ_MIN) + u * (np.log(SEQ_MAX) - np.log(SEQ_MIN))).astype(np.int64)
-        lens[0] = SEQ_MAX
+        lens = np.exp(np.log(SEQ_MIN) + u * (np.log(top) - np.log(SEQ_MIN))).astype(np.int64)
+        lens[0] = top
         lens[1:2] = SEQ_MIN
         lens //= div
     elif recipe.seq_lens == "edges":
@@ -245,6 +349,10 @@ def decode_facts(recipe: DecodeRecipe) -> DecodeFacts:
         k = recipe.top_k
         pattern = np.array([0, 1, n, k - 1, k, k + 1, k + n, SEQ_MAX // div, recipe.cols], dtype=np.int64)
         lens = pattern[np.arange(batch) % pattern.shape[0]].clip(0, recipe.cols)
+    elif recipe.seq_lens == "32k":
+        lens = np.full(batch, 32768 // div, dtype=np.int64)
+    elif recipe.seq_lens == "full":
+        lens = np.full(batch, recipe.cols, dtype=np.int64)
     else:
         raise ValueError(f"{recipe.case_id}: unknown seq_lens rule {recipe.seq_lens!r}")
     ends = np.maximum(lens[:, None] - n + 1 + np.arange(n)[None, :], 0)
@@ -272,11 +380,59 @@ def _distribution(name: str, rng: np.random.Generator, n: int) -> np.ndarray:
     raise ValueError(f"unknown distribution {name!r}")
 
 
+def indexer_values(recipe: IndexerRecipe | IndexerDecodeRecipe, ends: np.ndarray) -> np.ndarray:
+    """The ragged float32 scores of an indexer recipe's rows (every row starts at 0)."""
+    ix = Indexer(recipe.indexer, recipe.seed)
+    rng = np.random.default_rng([recipe.seed, 5])
+    ends = ends.astype(np.int64)
+    out: list[np.ndarray] = []
+    if isinstance(recipe, IndexerDecodeRecipe):
+        # Requests are windows of one text as long as the width, each at its own offset.
+        per = ends.reshape(-1, recipe.next_n)
+        length = per.max(1)
+        offsets = (np.random.default_rng([recipe.seed, 7]).random(length.shape[0])
+                   * (recipe.cols - length + 1)).astype(np.int64)
+        text = ix.text(recipe.cols, offsets)
+        for o, n, row_ends in zip(offsets.tolist(), length.tolist(), per, strict=True):
+            if n == 0:
+                continue
+            q, w = ix.queries(text, o + np.maximum(row_ends, 1) - 1, rng)
+            sc = ix.scores(q, w, text, o, o + n).numpy()
+            out += [sc[r, :e] for r, e in enumerate(row_ends.tolist())]
+    else:
+        text = ix.text(recipe.cols, np.zeros(1, dtype=np.int64))
+        for b in range(0, recipe.rows, 16):
+            block = ends[b:b + 16]
+            q, w = ix.queries(text, np.maximum(block, 1) - 1, rng)
+            sc = ix.scores(q, w, text, 0, int(block.max())).numpy()
+            out += [sc[r, :e] for r, e in enumerate(block.tolist())]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
+
+def flood_values(recipe: FloodRecipe, lengths: np.ndarray) -> np.ndarray:
+    """The ragged rows of a flooded recipe: -|normal| everywhere but `flood` random cells per row, which
+    hold values drawn uniformly in [FLOOD_LOW, FLOOD_HIGH]."""
+    rng = np.random.default_rng(recipe.seed)
+    rows = []
+    for n in lengths.tolist():
+        row = -np.abs(rng.standard_normal(n, dtype=np.float32))
+        if n:
+            at = rng.choice(n, min(recipe.flood, n), replace=False)
+            row[at] = FLOOD_LOW + rng.random(at.shape[0], dtype=np.float32) * (FLOOD_HIGH - FLOOD_LOW)
+        rows.append(row)
+    return np.concatenate(rows) if rows else np.zeros(0, dtype=np.float32)
+
+
 def generate(recipe: Recipe) -> Case:
     """Regenerate one case from its recipe (bit-identical on every machine)."""
     starts, ends = bounds(recipe)
     total = int((ends.astype(np.int64) - starts).sum())
-    values = _distribution(recipe.distribution, np.random.default_rng(recipe.seed), total)
+    if isinstance(recipe, IndexerRecipe | IndexerDecodeRecipe):
+        values = indexer_values(recipe, ends)
+    elif isinstance(recipe, FloodRecipe):
+        values = flood_values(recipe, ends.astype(np.int64) - starts)
+    else:
+        values = _distribution(recipe.distribution, np.random.default_rng(recipe.seed), total)
     tvalues = torch.from_numpy(values)
     if recipe.dtype == "bfloat16":
         tvalues = tvalues.to(torch.bfloat16)
