@@ -1,4 +1,7 @@
-"""`logitreplay replay`: replay archives or a built-in suite against selectors, verify, time, report."""
+"""`logitreplay replay`: replay archives or a built-in suite against selectors, verify, time, report.
+
+The options become a `ReplayConfig` and the replay is `run_replay`'s (replay/run.py); this module parses
+and prints."""
 
 from __future__ import annotations
 
@@ -9,60 +12,22 @@ import os
 from pathlib import Path
 
 import click
-import torch
 from rich.console import Console
 
 from logitreplay.cli import decisions
-from logitreplay.cli.common import STDOUT, check_file_target, json_option, plural, progress, user_errors
+from logitreplay.cli.common import STDOUT, check_file_target, json_option, progress, user_errors
 from logitreplay.datasets import synth
-from logitreplay.errors import ArchiveError, SelectorError
-from logitreplay.replay import (
-    CaseResult,
-    ReplayResult,
-    TimingProtocol,
-    device_checks,
-    environment,
-    open_cases,
-    replay,
-    report,
-    write_json,
-)
-from logitreplay.replay.engine import Unbuildable
+from logitreplay.replay import ReplayConfig, ReplayResult, TimingProtocol, report, run_replay, write_json
 from logitreplay.replay.protocol import CPU_ROUNDS, CPU_WARMUP
 from logitreplay.replay.results import validate
-from logitreplay.selectors import Selector, build, load_factory
+from logitreplay.replay.run import DEFAULT_SELECTORS, default_device
 from logitreplay.selectors.auto import RULE_ENV, DispatchRule
-from logitreplay.selectors.registry import factory_spec, needs_own_process
 
-DEFAULT_SELECTORS = "reference,native,deepselect"
-
-
-def _wanted(names: str, specs: tuple[str, ...]) -> list[str]:
-    return [n.strip() for n in names.split(",") if n.strip()] + list(specs)
+__all__ = ["default_device", "replay_cmd"]
 
 
-def _selectors(names: str, specs: tuple[str, ...]) -> list[Selector]:
-    wanted = _wanted(names, specs)
-    if not wanted:
-        raise SelectorError("no selectors given (--selectors or --selector)")
-    out: list[Selector] = []
-    for spec in wanted:
-        load_factory(factory_spec(spec))  # unknown names and unimportable modules are fatal
-        try:
-            out.append(build(spec))
-        except SelectorError as e:
-            out.append(Unbuildable(spec, str(e)))
-    seen: set[str] = set()
-    for sel in out:
-        if sel.name in seen:
-            raise SelectorError(f"two selectors are named {sel.name!r}; each column needs its own name")
-        seen.add(sel.name)
-    return out
-
-
-def default_device() -> str:
-    """CUDA whenever torch sees a device: a replay on a GPU machine times the kernels, not the CPU models."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def _wanted(names: str, specs: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(n.strip() for n in names.split(",") if n.strip()) + specs
 
 
 def _poison(text: str) -> float:
@@ -75,13 +40,89 @@ def _poison(text: str) -> float:
     return value
 
 
+def _check_outputs(csv_path: Path | None, plot_path: Path | None, rule_out: Path | None) -> None:
+    """Refuse, before the run, outputs that cannot be written (not after it)."""
+    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise click.ClickException("--plot needs matplotlib: pip install 'logitreplay[plot]'")
+    for path, option in ((csv_path, "--csv"), (plot_path, "--plot"), (rule_out, "--rule-out")):
+        if path is not None:
+            check_file_target(path, option)
+
+
+def _console(json_out: str | None) -> Console:
+    """With the JSON on stdout, everything for people goes to stderr. Off a terminal (logs, pipes, CI)
+    rich would wrap the table at 80 columns; give it room instead."""
+    console = Console(stderr=json_out == STDOUT)
+    return console if console.is_terminal else Console(stderr=json_out == STDOUT, width=220)
+
+
+def _decide(result: ReplayResult, inputs: list[str], suite: str | None, recommend: bool, per_forward: bool,
+            rule_path: Path | None, rule_out: Path | None, console: Console) -> None:
+    """The decisions drawn from the timings: --recommend, --controls, the auto selector's choices,
+    --per-forward, --rule-out (each adds its part to the report)."""
+    if recommend:
+        from logitreplay.replay.recommend import recommend as dispatch_rules
+
+        rules = dispatch_rules(result)
+        result.recommendation = [r.to_json() for r in rules]
+        console.print("dispatch rule (measured; the bounding cases are in the JSON):" if rules else
+                      "dispatch rule: no two selectors were timed on a common width")
+        for rule in rules:
+            console.print(f"  {rule.rule}", markup=False)
+    decisions.print_controls(result, console)
+    if rule_path is not None and "auto" in result.selectors:
+        decisions.annotate_auto(result, DispatchRule.load(rule_path), console)
+    if per_forward:
+        from logitreplay.archive import Archive
+        from logitreplay.replay.per_forward import per_forward as forward_totals
+
+        totals = forward_totals(result, [Archive.open(loc) for loc in inputs])
+        result.per_forward = [t.to_json() for t in totals]
+        decisions.print_per_forward(totals, suite, console)
+    if rule_out is not None:
+        from logitreplay.replay.recommend import fit_rule
+
+        fitted = fit_rule(result)
+        fitted.save(rule_out)
+        console.print(f"dispatch rule over {', '.join(fitted.selectors)} written to {rule_out}:", markup=False)
+        decisions.print_rule(fitted, console)
+
+
+def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, plot_path: Path | None) -> None:
+    if json_out == STDOUT:
+        data = result.to_json()
+        validate(data)
+        click.echo(json.dumps(data, indent=1, allow_nan=False))
+    elif json_out is not None:
+        write_json(result, Path(json_out))
+    if csv_path is not None:
+        report.write_csv(result, csv_path)
+    if plot_path is not None:
+        report.write_plot(result, plot_path)
+
+
+def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
+    """Failures, errors and invalid cases: exit 1 under --strict, else a RESULTS FAILED line (exit 0)."""
+    bad = report.problems(result)
+    if not bad:
+        return
+    unusable = [b for b in bad if b.endswith(("(invalid)", "(incomplete)"))]  # every one is listed
+    results = [b for b in bad if b not in unusable]
+    listed = ", ".join(results[:5] + (["..."] if len(results) > 5 else []) + unusable)
+    if strict:
+        raise click.ClickException(f"--strict: {len(bad)} failed, errored or invalid: {listed}")
+    console.print(f"[bold red]RESULTS FAILED[/bold red] ({len(result.cases)} cases x {len(result.selectors)} "
+                  f"selectors): {len(bad)} failed verification, raised, or were invalid: {listed} (exit status 0; "
+                  "--strict exits 1)", highlight=False)
+
+
 @click.command("replay")
 @click.argument("locations", nargs=-1, metavar="[PATH|URL ...]")
 @click.option("--suite", type=click.Choice(sorted(synth.SUITES)), default=None,
               help="Built-in control suite to replay (default with no PATH: seed-controls).")
 @click.option("--scale", type=click.Choice(synth.SCALES), default=None,
               help="Suite scale [default: small on CPU, full on CUDA].")
-@click.option("--selectors", "names", default=DEFAULT_SELECTORS, show_default=True,
+@click.option("--selectors", "names", default=",".join(DEFAULT_SELECTORS), show_default=True,
               help="Comma-separated registered selector names (built-ins, upstream adapters, plugins).")
 @click.option("--selector", "specs", multiple=True, metavar="MODULE:FACTORY",
               help="An extra selector from a factory, e.g. mypkg.topk:make (repeatable).")
@@ -142,146 +183,17 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
     control suite against top-k selectors: verify every selector's output, time the verified ones, and
     print a table of median times and ratios to a baseline."""
-    poison = _poison(poison_text)
-    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
-        raise click.ClickException("--plot needs matplotlib: pip install 'logitreplay[plot]'")
-    for path, option in ((csv_path, "--csv"), (plot_path, "--plot")):
-        if path is not None:
-            check_file_target(path, option)  # before the run, not after it
-    device = device or default_device()
-    if device == "cuda" and not torch.cuda.is_available():
-        raise click.ClickException("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is "
-                                   f"False; torch {torch.__version__})")
-    dev = torch.device(device)
-    if not locations and suite is None:
-        suite = "seed-controls"
-    scale = scale or ("full" if dev.type == "cuda" else "small")
-    if rule_path is not None:
-        os.environ[RULE_ENV] = str(rule_path.resolve())  # the auto factory reads it, in isolated children too
-    elif "auto" in _wanted(names, specs) and not os.environ.get(RULE_ENV):
+    _check_outputs(csv_path, plot_path, rule_out)
+    selectors = _wanted(names, specs)
+    if rule_path is None and "auto" in selectors and not os.environ.get(RULE_ENV):
         raise click.BadParameter("the auto selector needs --rule RULE.json (from --rule-out)", param_hint="--rule")
-    if rule_out is not None:
-        check_file_target(rule_out, "--rule-out")
-    selectors = _selectors(names, specs)
-    columns = [s.name for s in selectors]
-    if baseline is not None and baseline not in columns:
-        raise click.BadParameter(f"{baseline!r} is not one of the selectors ({', '.join(columns)})",
-                                 param_hint="--baseline")
-    baseline = baseline or ("native" if "native" in columns else columns[0])
-    notes: list[str] = []
-    protocol = TimingProtocol.for_device(dev.type, warmup, rounds, l2 or "cold", timer or "events")  # type: ignore[arg-type]
-    if dev.type == "cpu":
-        label = "wall clock of the CPU algorithm models, not kernel times"
-        warm = "the verification call" + (f" and {protocol.warmup} more" if protocol.warmup else "")
-        notes.append(f"CPU warmup: {warm}; CUDA: {TimingProtocol.warmup} warmups, "
-                     f"{TimingProtocol.rounds} rounds x {TimingProtocol.samples_per_round}")
-        notes += [f"{option} {value} is ignored on CPU (wall clock, no L2 flush)"
-                  for option, value in (("--timer", timer), ("--l2", l2)) if value is not None]
-    else:
-        label = f"CUDA kernel time, {'CUPTI' if timer == 'cupti' else 'CUDA events'}, L2 {l2 or 'cold'}, graph replay"
-    # The measured read bandwidth (bytes/s) for the floor, on CUDA.
-    read_bandwidth: float | None = None
-    cases, total, pinned = open_cases(list(locations), suite, scale, controls=controls, case_globs=case_globs,
-                                      case_regex=case_regex)
-    if total == 0:
-        raise ArchiveError("nothing to replay: the archives hold no complete case")
-    if len(pinned) < len(locations):
-        notes.append(f"{plural(len(locations) - len(pinned), 'archive')} named more than once: each archive "
-                     "is replayed once")
-    env = environment(dev)
-    env["inputs"] = pinned + ([f"suite {suite} ({scale})"] if suite else [])
-    extra_checks = device_checks(dev)
-    if dev.type == "cuda":
-        from logitreplay.replay import measure_read_bandwidth
-
-        read_bandwidth = measure_read_bandwidth(dev)
-        env["read_bandwidth_bytes_per_s"] = read_bandwidth
-    result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
-    # Two builds of one kernel library (installed and a path, or two paths) cannot share a process.
-    own_process = needs_own_process(_wanted(names, specs))
-    from logitreplay.replay.cuda_errors import DeviceLost
-    from logitreplay.replay.isolate import Job, merge, replay_isolated
-    from logitreplay.replay.resume import finish_run
-
-    # The jobs of isolated children: for --isolate, and for the rest of a run whose CUDA context was lost.
-    jobs = [Job(spec, sel.name, pinned, suite, scale, device, protocol.to_json(), poison, read_bandwidth,
-                case_globs=case_globs, case_regex=case_regex, controls=controls)
-            for spec, sel in zip(_wanted(names, specs), selectors, strict=True)]
-    if isolate or timeout_s is not None or own_process:
-        del cases  # each child opens the cases itself
-        per_selector: dict[str, dict[int, CaseResult]] = {}
-        isolated = replay_isolated(jobs, total, 600.0 if timeout_s is None else timeout_s)
-        for name, index, case_result in progress(isolated, total * len(jobs), "replay (isolated)"):
-            per_selector.setdefault(name, {})[index] = case_result
-        result.cases = merge(per_selector, columns, total)
-        if own_process and not isolate:
-            notes.append("kernel libraries from different builds: each selector ran in its own process")
-        notes.append("--isolate: each selector ran in its own process; timing rounds alternate only within "
-                     "a selector")
-    else:
-        stream = replay(cases, selectors, dev, protocol, poison, extra_checks, read_bandwidth)
-        try:
-            for case_result in progress(stream, total, "replay"):
-                result.cases.append(case_result)
-        except DeviceLost as lost:  # a sticky CUDA error: the rest runs in fresh processes
-            at = len(result.cases)
-            result.cases = finish_run(result.cases, lost, jobs, columns, total, 600.0, progress)
-            notes.append(f"{lost} on case {result.cases[at].case_id}; the rest of the run continued in fresh "
-                         "processes, one per selector")
-    # Off a terminal (logs, pipes, CI) rich would wrap the table at 80 columns; give it room instead.
-    # With the JSON on stdout, everything for people goes to stderr.
-    to_stderr = json_out == STDOUT
-    console = Console(stderr=to_stderr)
-    if not console.is_terminal:
-        console = Console(stderr=to_stderr, width=220)
-    if dev.type == "cuda":
-        from logitreplay.replay import sm_clock_mhz
-
-        result.environment["sm_clock_mhz_end"] = sm_clock_mhz(dev)
+    config = ReplayConfig(locations, suite, scale, selectors, baseline, case_globs, case_regex, controls,
+                          device=device, warmup=warmup, rounds=rounds, timer=timer, l2=l2,  # type: ignore[arg-type]
+                          poison=_poison(poison_text), isolate=isolate, timeout_s=timeout_s, rule_path=rule_path)
+    run = run_replay(config, progress)
+    result = run.result
+    console = _console(json_out)
     report.print_report(result, console, wide)
-    if recommend:
-        from logitreplay.replay.recommend import recommend as dispatch_rules
-
-        rules = dispatch_rules(result)
-        result.recommendation = [r.to_json() for r in rules]
-        console.print("dispatch rule (measured; the bounding cases are in the JSON):" if rules else
-                      "dispatch rule: no two selectors were timed on a common width")
-        for rule in rules:
-            console.print(f"  {rule.rule}", markup=False)
-    decisions.print_controls(result, console)
-    if rule_path is not None and "auto" in columns:
-        decisions.annotate_auto(result, DispatchRule.load(rule_path), console)
-    if per_forward:
-        from logitreplay.archive import Archive
-        from logitreplay.replay.per_forward import per_forward as forward_totals
-
-        totals = forward_totals(result, [Archive.open(loc) for loc in pinned])
-        result.per_forward = [t.to_json() for t in totals]
-        decisions.print_per_forward(totals, suite, console)
-    if rule_out is not None:
-        from logitreplay.replay.recommend import fit_rule
-
-        fitted = fit_rule(result)
-        fitted.save(rule_out)
-        console.print(f"dispatch rule over {', '.join(fitted.selectors)} written to {rule_out}:", markup=False)
-        decisions.print_rule(fitted, console)
-    if json_out == STDOUT:
-        data = result.to_json()
-        validate(data)
-        click.echo(json.dumps(data, indent=1, allow_nan=False))
-    elif json_out is not None:
-        write_json(result, Path(json_out))
-    if csv_path is not None:
-        report.write_csv(result, csv_path)
-    if plot_path is not None:
-        report.write_plot(result, plot_path)
-    bad = report.problems(result)
-    if bad:
-        unusable = [b for b in bad if b.endswith(("(invalid)", "(incomplete)"))]  # every one is listed
-        results = [b for b in bad if b not in unusable]
-        listed = ", ".join(results[:5] + (["..."] if len(results) > 5 else []) + unusable)
-        if strict:
-            raise click.ClickException(f"--strict: {len(bad)} failed, errored or invalid: {listed}")
-        console.print(f"[bold red]RESULTS FAILED[/bold red] ({total} cases x {len(columns)} selectors): {len(bad)} "
-                      f"failed verification, raised, or were invalid: {listed} (exit status 0; --strict exits 1)",
-                      highlight=False)
+    _decide(result, run.inputs, run.config.suite, recommend, per_forward, rule_path, rule_out, console)
+    _write(result, json_out, csv_path, plot_path)
+    _verdict(result, strict, console)

@@ -52,6 +52,7 @@ class Job:
     controls: tuple[str, ...] = ()  # `replay --controls`: derived cases follow each case
     case_globs: tuple[str, ...] = ()  # `replay --case`, `--match`: the same cases as the parent
     case_regex: str | None = None
+    only: tuple[int, ...] | None = None  # `ReplayConfig.case_indices`: the same subset as the parent
 
 
 def replay_isolated(jobs: list[Job], total: int, timeout_s: float) -> Iterator[tuple[str, int, CaseResult]]:
@@ -183,7 +184,7 @@ def _child() -> None:
         selector = Unbuildable(job.name, str(e))
     out.write(_READY + "\n")
     cases, _, _ = open_cases(job.locations, job.suite, job.scale, start=job.start, controls=job.controls,
-                             case_globs=job.case_globs, case_regex=job.case_regex)
+                             case_globs=job.case_globs, case_regex=job.case_regex, only=job.only)
     protocol = TimingProtocol(**job.protocol)
     for index, case in enumerate(cases, start=job.start):
         if isinstance(case, Case):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +26,8 @@ class Unreadable:
 
 
 def open_cases(locations: Sequence[str], suite: str | None, scale: str, start: int = 0,
-               controls: Sequence[str] = (), case_globs: Sequence[str] = (),
-               case_regex: str | None = None) -> tuple[Iterator[Case | Unreadable], int, list[str]]:
+               controls: Sequence[str] = (), case_globs: Sequence[str] = (), case_regex: str | None = None,
+               only: Sequence[int] | None = None) -> tuple[Iterator[Case | Unreadable], int, list[str]]:
     """Cases to replay, how many, and the archives' pinned locations (a Hub URL resolved to its commit,
     for the record and for isolated children, which must read the very same data): every complete case
     of each archive (path or URL), then the built-in suite if one is named, skipping the first `start`
@@ -43,7 +43,11 @@ def open_cases(locations: Sequence[str], suite: str | None, scale: str, start: i
     stands for the same number of entries and `start` keeps its meaning).
 
     `case_globs` / `case_regex` (`replay --case`, `--match`) keep only the cases whose id matches one of
-    the globs and the regular expression, chosen by id before any case is read."""
+    the globs and the regular expression, chosen by id before any case is read.
+
+    `only` keeps the cases at these places of the whole run (0-based, after `case_globs` and
+    `case_regex`, controls counted), e.g. one rank's share of a distributed replay: the count is then
+    theirs, `start` counts within them, and the entries none of them stands for are never read."""
     archives: list[Archive] = []
     for loc in locations:
         archive = Archive.open(loc)
@@ -70,16 +74,19 @@ def open_cases(locations: Sequence[str], suite: str | None, scale: str, start: i
         except ArchiveError as e:
             return Unreadable(info.case_id, f"unreadable: {e}")
 
-    def stream() -> Iterator[Case | Unreadable]:
-        for entry in entries[start // per:]:
-            case = read(entry)
-            if isinstance(case, Unreadable):
-                yield case
-                yield from (Unreadable(derived.control_id(case.case_id, n), case.reason) for n in names)
-            else:
-                yield from derived.with_controls(case, controls)
+    places = range(len(entries) * per) if only is None else sorted(set(only))
+    if places and not 0 <= places[0] <= places[-1] < len(entries) * per:
+        raise ArchiveError(f"case places {places[0]}-{places[-1]}: the run has {len(entries) * per} cases")
 
-    return itertools.islice(stream(), start % per, None), len(entries) * per, [a.location for a in archives]
+    def stream() -> Iterator[Case | Unreadable]:
+        for at, group in itertools.groupby(places[start:], key=lambda p: p // per):
+            kept = {p % per for p in group}
+            case = read(entries[at])
+            every: Iterable[Case | Unreadable] = derived.with_controls(case, controls) if isinstance(case, Case) \
+                else [case, *(Unreadable(derived.control_id(case.case_id, n), case.reason) for n in names)]
+            yield from (c for i, c in enumerate(every) if i in kept)
+
+    return stream(), len(places), [a.location for a in archives]
 
 
 def _incomplete_reason(info: CaseInfo) -> str:

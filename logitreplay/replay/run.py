@@ -1,0 +1,249 @@
+"""A whole replay as one library call: `run_replay(ReplayConfig(...))`.
+
+The command line, a Python user and a distributed launcher all replay through this function, so the
+choices a run makes live here once: the device and its default scale and protocol, the selectors and
+the baseline, the cases (optionally a subset of them, by place in the run), the environment probe and
+the read bandwidth, and where the work runs (in this process, or a child per selector under `isolate`,
+with the rest of a run whose CUDA context was lost continued in fresh processes). What a front end adds
+is parsing and printing.
+
+A `ReplayRun` records which places of the whole run its cases hold, so the runs of disjoint subsets
+(e.g. one per rank) merge into one report with `merge_runs`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import torch
+
+from logitreplay.errors import ArchiveError, ReplayError, SelectorError
+from logitreplay.replay.engine import Unbuildable, device_checks, replay
+from logitreplay.replay.environment import environment, sm_clock_mhz
+from logitreplay.replay.protocol import TimingProtocol
+from logitreplay.replay.results import CaseResult, ReplayResult
+from logitreplay.replay.sources import open_cases
+from logitreplay.selectors import Selector, build, load_factory
+from logitreplay.selectors.auto import RULE_ENV
+from logitreplay.selectors.registry import factory_spec, needs_own_process
+
+T = TypeVar("T")
+# progress(items, how many, label) -> the same items: a front end's progress display (identity by default)
+Progress = Callable[[Iterable[T], int, str], Iterable[T]]
+DEFAULT_SELECTORS = ("reference", "native", "deepselect")
+ISOLATE_TIMEOUT_S = 600.0  # per (case, selector) in a child, when no timeout is given
+
+
+def _no_progress(items: Iterable[T], total: int, label: str) -> Iterable[T]:
+    return items
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Everything a replay depends on; each field's None means the default a replay on that device uses.
+
+    `locations`: archives (paths, .zip, URLs such as hf://datasets/...); `suite`: a built-in control
+    suite (seed-controls when no location is given); `scale`: the suite's scale (small on CPU, full on
+    CUDA). `selectors`: registered names or `module:factory` specs, one column each; `baseline`: the
+    column ratios divide by (native if selected, else the first). `case_globs`, `case_regex`, `controls`:
+    which cases and which derived controls follow each; `case_indices`: only these places (0-based) of
+    the run so chosen, for splitting one run over several replays (`merge_runs` joins them).
+    `device`: "cpu", "cuda" or "cuda:N" (cuda when torch sees a device); `warmup`, `rounds`, `timer`,
+    `l2`: the timing protocol (TimingProtocol.for_device's defaults); `poison`: the value of the cells
+    outside each row's bounds. `isolate`: every selector in a child process of its own; `timeout_s`:
+    seconds one selector may spend on one case there (implies `isolate`). `rule_path`: the dispatch
+    rule the `auto` selector follows."""
+
+    locations: tuple[str, ...] = ()
+    suite: str | None = None
+    scale: str | None = None
+    selectors: tuple[str, ...] = DEFAULT_SELECTORS
+    baseline: str | None = None
+    case_globs: tuple[str, ...] = ()
+    case_regex: str | None = None
+    controls: tuple[str, ...] = ()
+    case_indices: tuple[int, ...] | None = None
+    device: str | None = None
+    warmup: int | None = None
+    rounds: int | None = None
+    timer: Literal["events", "cupti"] | None = None
+    l2: Literal["cold", "warm"] | None = None
+    poison: float = 1e30
+    isolate: bool = False
+    timeout_s: float | None = None
+    rule_path: Path | None = None
+
+
+@dataclass
+class ReplayRun:
+    """A replay's report and where its cases sit in the whole run: `result.cases[i]` is the run's case
+    `places[i]`; `config` is the configuration with its defaults filled in (`resolve`), `inputs` the
+    archives' pinned locations (a Hub URL at its commit)."""
+
+    result: ReplayResult
+    places: list[int]
+    config: ReplayConfig
+    inputs: list[str] = field(default_factory=list)
+
+
+def default_device() -> str:
+    """CUDA whenever torch sees a device: a replay on a GPU machine times the kernels, not the CPU models."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve(config: ReplayConfig) -> ReplayConfig:
+    """`config` with the device, suite and scale it defaults to filled in; a CUDA device torch cannot
+    see is an error."""
+    device = config.device or default_device()
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ReplayError(f"device {device}: torch sees no CUDA device (torch.cuda.is_available() is False; "
+                          f"torch {torch.__version__})")
+    suite = config.suite if config.locations or config.suite is not None else "seed-controls"
+    scale = config.scale or ("full" if torch.device(device).type == "cuda" else "small")
+    return replace(config, device=device, suite=suite, scale=scale)
+
+
+def build_selectors(specs: Sequence[str]) -> list[Selector]:
+    """One selector per spec; a factory that fails stands in as `Unbuildable` (its error is its result on
+    every case), while an unknown name or an unimportable module is an error, and so are two columns of
+    one name."""
+    if not specs:
+        raise SelectorError("no selectors given")
+    out: list[Selector] = []
+    for spec in specs:
+        load_factory(factory_spec(spec))
+        try:
+            out.append(build(spec))
+        except SelectorError as e:
+            out.append(Unbuildable(spec, str(e)))
+    seen: set[str] = set()
+    for sel in out:
+        if sel.name in seen:
+            raise SelectorError(f"two selectors are named {sel.name!r}; each column needs its own name")
+        seen.add(sel.name)
+    return out
+
+
+def _protocol(config: ReplayConfig, device: torch.device) -> tuple[TimingProtocol, str, list[str]]:
+    """The timing protocol, what the times are, and the notes the device's protocol needs."""
+    protocol = TimingProtocol.for_device(device.type, config.warmup, config.rounds, config.l2 or "cold",
+                                         config.timer or "events")
+    if device.type != "cuda":
+        warm = "the verification call" + (f" and {protocol.warmup} more" if protocol.warmup else "")
+        notes = [f"CPU warmup: {warm}; CUDA: {TimingProtocol.warmup} warmups, {TimingProtocol.rounds} rounds x "
+                 f"{TimingProtocol.samples_per_round}"]
+        notes += [f"{option} {value} is ignored on CPU (wall clock, no L2 flush)"
+                  for option, value in (("--timer", config.timer), ("--l2", config.l2)) if value is not None]
+        return protocol, "wall clock of the CPU algorithm models, not kernel times", notes
+    timer = "CUPTI" if config.timer == "cupti" else "CUDA events"
+    return protocol, f"CUDA kernel time, {timer}, L2 {config.l2 or 'cold'}, graph replay", []
+
+
+def case_count(config: ReplayConfig) -> int:
+    """How many cases `config` replays (its subset's size with `case_indices`), without reading one."""
+    config = resolve(config)
+    _, total, _ = open_cases(list(config.locations), config.suite, config.scale or "small",
+                             controls=config.controls, case_globs=config.case_globs, case_regex=config.case_regex,
+                             only=config.case_indices)
+    return total
+
+
+def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> ReplayRun:
+    """Replay `config`'s cases against its selectors: verify, time, and report (module docstring).
+
+    Raises a `LogitreplayError` (one line) for a run that cannot start: unknown selectors, a baseline
+    that is not one of them, a CUDA device torch cannot see, nothing to replay."""
+    config = resolve(config)
+    dev = torch.device(config.device or "cpu")
+    if config.rule_path is not None:
+        os.environ[RULE_ENV] = str(config.rule_path.resolve())  # the auto factory reads it, in children too
+    selectors = build_selectors(config.selectors)
+    columns = [s.name for s in selectors]
+    if config.baseline is not None and config.baseline not in columns:
+        raise SelectorError(f"baseline {config.baseline!r} is not one of the selectors ({', '.join(columns)})")
+    baseline = config.baseline or ("native" if "native" in columns else columns[0])
+    protocol, label, notes = _protocol(config, dev)
+    cases, total, pinned = open_cases(list(config.locations), config.suite, config.scale or "small",
+                                      controls=config.controls, case_globs=config.case_globs,
+                                      case_regex=config.case_regex, only=config.case_indices)
+    if total == 0:
+        raise ArchiveError("nothing to replay: the archives hold no complete case")
+    if len(pinned) < len(config.locations):
+        n = len(config.locations) - len(pinned)
+        notes.append(f"{n} archive{'s' if n != 1 else ''} named more than once: each archive is replayed once")
+    env = environment(dev)
+    env["inputs"] = pinned + ([f"suite {config.suite} ({config.scale})"] if config.suite else [])
+    read_bandwidth: float | None = None
+    if dev.type == "cuda":
+        from logitreplay.replay.timing_cuda import measure_read_bandwidth
+
+        read_bandwidth = measure_read_bandwidth(dev)
+        env["read_bandwidth_bytes_per_s"] = read_bandwidth
+    result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
+    # Two builds of one kernel library (installed and a path, or two paths) cannot share a process.
+    own_process = needs_own_process(list(config.selectors))
+    from logitreplay.replay.cuda_errors import DeviceLost
+    from logitreplay.replay.isolate import Job, merge, replay_isolated
+    from logitreplay.replay.resume import finish_run
+
+    # The jobs of isolated children: for `isolate`, and for the rest of a run whose CUDA context was lost.
+    jobs = [Job(spec, sel.name, pinned, config.suite, config.scale or "small", str(dev), protocol.to_json(),
+                config.poison, read_bandwidth, case_globs=config.case_globs, case_regex=config.case_regex,
+                controls=config.controls, only=config.case_indices)
+            for spec, sel in zip(config.selectors, selectors, strict=True)]
+    if config.isolate or config.timeout_s is not None or own_process:
+        del cases  # each child opens the cases itself
+        per_selector: dict[str, dict[int, CaseResult]] = {}
+        timeout_s = ISOLATE_TIMEOUT_S if config.timeout_s is None else config.timeout_s
+        for name, index, case_result in progress(replay_isolated(jobs, total, timeout_s), total * len(jobs),
+                                                 "replay (isolated)"):
+            per_selector.setdefault(name, {})[index] = case_result
+        result.cases = merge(per_selector, columns, total)
+        if own_process and not config.isolate:
+            notes.append("kernel libraries from different builds: each selector ran in its own process")
+        notes.append("--isolate: each selector ran in its own process; timing rounds alternate only within "
+                     "a selector")
+    else:
+        stream = replay(cases, selectors, dev, protocol, config.poison, device_checks(dev), read_bandwidth)
+        try:
+            for case_result in progress(stream, total, "replay"):
+                result.cases.append(case_result)
+        except DeviceLost as lost:  # a sticky CUDA error: the rest runs in fresh processes
+            at = len(result.cases)
+            result.cases = finish_run(result.cases, lost, jobs, columns, total, ISOLATE_TIMEOUT_S, progress)
+            notes.append(f"{lost} on case {result.cases[at].case_id}; the rest of the run continued in fresh "
+                         "processes, one per selector")
+    if dev.type == "cuda":
+        result.environment["sm_clock_mhz_end"] = sm_clock_mhz(dev)
+    places = list(range(total)) if config.case_indices is None else sorted(set(config.case_indices))
+    return ReplayRun(result, places, config, pinned)
+
+
+def merge_runs(runs: Sequence[ReplayRun]) -> ReplayRun:
+    """One run from the runs of disjoint subsets of one configuration (e.g. one per rank), its cases in
+    the run's order; the first run's environment, every run's notes once. Runs of different selectors,
+    protocols or devices kinds, or two holding one place, are an error."""
+    if not runs:
+        raise ReplayError("no runs to merge")
+    first = runs[0].result
+    for run in runs[1:]:
+        r = run.result
+        if (r.selectors, r.protocol, r.baseline, r.clock_label) != (first.selectors, first.protocol, first.baseline,
+                                                                     first.clock_label):
+            raise ReplayError("runs of different selectors, baselines or protocols do not merge into one report")
+    placed = sorted(((p, c) for run in runs for p, c in zip(run.places, run.result.cases, strict=True)),
+                    key=lambda pc: pc[0])
+    places = [p for p, _ in placed]
+    if len(set(places)) < len(places):
+        raise ReplayError("two runs replayed the same case place; merge runs of disjoint subsets")
+    notes = list(dict.fromkeys(n for run in runs for n in run.result.notes))
+    result = replace(first, cases=[c for _, c in placed], notes=notes)
+    return ReplayRun(result, places, replace(runs[0].config, case_indices=None), list(dict.fromkeys(i for run in runs for i in run.inputs)))
+
+
+__all__ = ["DEFAULT_SELECTORS", "Progress", "ReplayConfig", "ReplayRun", "build_selectors", "case_count",
+           "default_device", "merge_runs", "resolve", "run_replay"]
