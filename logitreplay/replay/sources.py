@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logitreplay.archive import Archive, Case, CaseInfo
+from logitreplay.archive import ELEMENT_BYTES, Archive, Case, CaseInfo
 from logitreplay.datasets import controls as derived
 from logitreplay.datasets import synth
 from logitreplay.errors import ArchiveError
@@ -48,18 +48,7 @@ def open_cases(locations: Sequence[str], suite: str | None, scale: str, start: i
     `only` keeps the cases at these places of the whole run (0-based, after `case_globs` and
     `case_regex`, controls counted), e.g. one rank's share of a distributed replay: the count is then
     theirs, `start` counts within them, and the entries none of them stands for are never read."""
-    archives: list[Archive] = []
-    for loc in locations:
-        archive = Archive.open(loc)
-        if archive.location not in [a.location for a in archives]:  # `replay A A` replays A once
-            archives.append(archive)
-    entries: list[tuple[Archive, CaseInfo] | synth.Recipe] = [(a, i) for a in archives for i in a.infos()]
-    if suite is not None:
-        entries += synth.recipes(suite, scale)
-    _refuse_duplicate_ids(entries)
-    if case_globs or case_regex is not None:
-        entries = _select(entries, case_globs, case_regex)
-
+    entries, archives = _entries(locations, suite, scale, case_globs, case_regex)
     names = derived.derived_names(controls)
     per = 1 + len(names)  # every entry stands for itself and its derived cases
 
@@ -87,6 +76,52 @@ def open_cases(locations: Sequence[str], suite: str | None, scale: str, start: i
             yield from (c for i, c in enumerate(every) if i in kept)
 
     return stream(), len(places), [a.location for a in archives]
+
+
+def _entries(locations: Sequence[str], suite: str | None, scale: str, case_globs: Sequence[str],
+             case_regex: str | None) -> tuple[list[tuple[Archive, CaseInfo] | synth.Recipe], list[Archive]]:
+    """The run's entries (stored cases, then the suite's recipes) in order, chosen by id, and the archives."""
+    archives: list[Archive] = []
+    for loc in locations:
+        archive = Archive.open(loc)
+        if archive.location not in [a.location for a in archives]:  # `replay A A` replays A once
+            archives.append(archive)
+    entries: list[tuple[Archive, CaseInfo] | synth.Recipe] = [(a, i) for a in archives for i in a.infos()]
+    if suite is not None:
+        entries += synth.recipes(suite, scale)
+    _refuse_duplicate_ids(entries)
+    if case_globs or case_regex is not None:
+        entries = _select(entries, case_globs, case_regex)
+    return entries, archives
+
+
+@dataclass(frozen=True)
+class EntryCost:
+    """One entry of a run (a stored case or a recipe) with the derived controls that follow it: the ids of
+    its places, in order, and the estimated cost of replaying them all."""
+
+    ids: tuple[str, ...]
+    cost: int
+
+
+def case_costs(locations: Sequence[str], suite: str | None, scale: str, controls: Sequence[str] = (),
+               case_globs: Sequence[str] = (), case_regex: str | None = None) -> tuple[list[EntryCost], list[str]]:
+    """The entries `open_cases` would replay, in its order, and the archives' pinned locations, from the
+    metadata alone (no case is read): how a distributed replay shares a run between its ranks. An
+    entry's cost is the bytes its replay moves, per place: the padded matrix (rows x row stride), which
+    verification rebuilds and every selector reads, and each row's top-k output; at least 1."""
+    entries, archives = _entries(locations, suite, scale, case_globs, case_regex)
+    names = derived.derived_names(controls)
+    out = []
+    for entry in entries:
+        cid = _entry_id(entry)
+        shape = entry[1].attrs if isinstance(entry, tuple) else {
+            "rows": entry.rows, "row_stride": entry.row_stride or entry.cols, "top_k": entry.top_k, "dtype": entry.dtype}
+        rows, stride, top_k = (shape.get(k) for k in ("rows", "row_stride", "top_k"))
+        ints = all(type(v) is int and v >= 0 for v in (rows, stride, top_k))
+        cost = rows * (stride * ELEMENT_BYTES.get(str(shape.get("dtype")), 4) + top_k * 4) if ints else 0  # type: ignore[operator]
+        out.append(EntryCost((cid, *(derived.control_id(cid, n) for n in names)), (1 + len(names)) * max(1, cost)))
+    return out, [a.location for a in archives]
 
 
 def _incomplete_reason(info: CaseInfo) -> str:
