@@ -85,7 +85,7 @@ import torch
 from logitreplay.archive.calls import write_calls
 from logitreplay.capture.policy import Policy, PolicyState, decode_rows, parse_size
 from logitreplay.capture.vllm_sites import SITES, Call, Site
-from logitreplay.capture.vllm_steps import Steps
+from logitreplay.capture.vllm_steps import VLLM, Runner, Steps
 from logitreplay.capture.writer import DEFAULT_MAX_PENDING_BYTES, CaptureWriter
 
 log = logging.getLogger("logitreplay.capture")
@@ -127,7 +127,14 @@ def register() -> None:
 
 
 class VllmCapture:
-    """The wrapper state of one process: policy selection, a lazily created writer, the patched targets."""
+    """The wrapper state of one process: policy selection, a lazily created writer, the patched targets.
+
+    An engine is its sites, its step (`runner`), the names of its dummy runs, its ranks and its model
+    facts: the SGLang plugin (`sglang_plugin.SglangCapture`) overrides those and shares the rest."""
+
+    sites: tuple[Site, ...] = SITES
+    runner: Runner = VLLM
+    warmup_functions: frozenset[str] = _WARMUP_FUNCTIONS
 
     def __init__(self, directory: str | os.PathLike[str], policy: Policy, *,
                  ranks: set[int] | str | None = AUTO, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
@@ -147,14 +154,14 @@ class VllmCapture:
         self._sharded_cases = 0
         self._inside = threading.local()
         self._patched: list[tuple[Any, str, Any]] = []  # (target, attribute, original)
-        self.steps = Steps()
+        self.steps = Steps(self.runner)
         self._recorded = False
 
     def install(self, sites: tuple[Site, ...] | None = None) -> int:
         """Wrap each site's attribute on each of its targets that has it; returns how many were wrapped.
         A call seen through two wrappers (the module function and the op it forwards to) is captured once."""
         global _active
-        for site in SITES if sites is None else sites:
+        for site in self.sites if sites is None else sites:
             for target in site.targets():
                 try:
                     original = getattr(target, site.name)
@@ -165,7 +172,7 @@ class VllmCapture:
                 setattr(target, site.name, _Wrapped(self, original, site))
                 self._patched.append((target, site.name, original))
         if not self._patched:
-            raise RuntimeError(f"none of {', '.join(s.name for s in SITES)} found to wrap")
+            raise RuntimeError(f"none of {', '.join(s.name for s in self.sites)} found to wrap")
         self.steps.install()  # the model runner's module is usually imported later: `offer` retries
         _active = self
         return len(self._patched)
@@ -176,7 +183,7 @@ class VllmCapture:
         for target, name, original in reversed(self._patched):
             setattr(target, name, original)
         self._patched.clear()
-        for site in SITES:
+        for site in self.sites:
             for target in site.targets():
                 wrapper = getattr(target, site.name, None)
                 if isinstance(wrapper, _Wrapped) and wrapper._capture is self:
@@ -224,7 +231,7 @@ class VllmCapture:
             if not self.steps.complete:
                 self.steps.install()
             call = site.read(args, kwargs, result, frame)
-            if call is None or self.steps.in_dummy_step or (not self.steps.in_step and _in_warmup(frame)):
+            if call is None or self.steps.in_dummy_step or (not self.steps.in_step and self.in_warmup(frame)):
                 return  # a real step's calls are no dummy run's: no walk up the whole stack for them
             rows, width = (int(n) for n in call.matrix.shape)
             self.steps.count(call.layer.index, width, rows, str(call.matrix.dtype).removeprefix("torch."),
@@ -234,7 +241,7 @@ class VllmCapture:
             if not self.selection.wants(call.layer.index, width, decode_rows(call.attrs.get("kind"), rows)):
                 return
             writer = self._writer()
-            attrs = {**self.provenance, **_model_facts(), **call.attrs, "index_source": site.source,
+            attrs = {**self.provenance, **self.model_facts(), **call.attrs, "index_source": site.source,
                      "tensor_parallel": self._tp_attrs(call), "device": _device_name(call.matrix.device)}
             if call.row_window is not None:
                 attrs["row_window"] = {"tp_rank": self._ranks()[0], "start": call.row_window[0],
@@ -242,7 +249,7 @@ class VllmCapture:
             staged = writer.submit(call.matrix, call.starts, call.ends, call.reference, top_k=call.top_k,
                                    row_stride=call.row_stride, layer_index=call.layer.index,
                                    layer_name=call.layer.name, requests=call.requests, attrs=attrs,
-                                   key_offsets=call.key_offsets)
+                                   key_offsets=call.key_offsets, extras=call.extras, finish=call.finish)
             if staged and call.shard is not None:
                 self._sharded_cases += 1
                 writer.note("tensor_parallel", {
@@ -251,6 +258,19 @@ class VllmCapture:
                             "holds its own row window; the other ranks' summaries hold the rest"})
         except Exception as e:  # never into the model
             self._fail(f"{type(e).__name__}: {e}")
+
+    def in_warmup(self, frame: FrameType | None) -> bool:
+        """Whether a caller up the stack is one of the engine's dummy runs (host frames only)."""
+        for _ in range(_WARMUP_DEPTH):
+            if frame is None:
+                return False
+            if frame.f_code.co_name in self.warmup_functions:
+                return True
+            frame = frame.f_back
+        return False
+
+    def model_facts(self) -> dict[str, Any]:
+        return _model_facts()
 
     def _writer(self) -> CaptureWriter:
         if self.writer is None:
@@ -342,17 +362,6 @@ class _Wrapped:
         if capture.enabled:
             capture.offer(self._site, args, kwargs, result, sys._getframe(1))
         return result
-
-
-def _in_warmup(frame: FrameType | None) -> bool:
-    """Whether a caller up the stack is one of vLLM's dummy runs (host frames only)."""
-    for _ in range(_WARMUP_DEPTH):
-        if frame is None:
-            return False
-        if frame.f_code.co_name in _WARMUP_FUNCTIONS:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _capturing_graph(logits: Any) -> bool:

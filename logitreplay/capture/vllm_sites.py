@@ -20,6 +20,7 @@ import torch
 
 from logitreplay.capture import vllm_frames
 from logitreplay.capture.vllm_frames import Layer
+from logitreplay.capture.writer import Finish
 
 log = logging.getLogger("logitreplay.capture")
 
@@ -47,6 +48,9 @@ class Call:
     attrs: dict[str, Any]
     shard: dict[str, Any] | None = None  # TP row window: {"start", "stop", "sizes"}
     row_window: tuple[int, int] | None = None
+    # Device tensors staged with the case, and the writer thread's host step over them (`CaptureWriter.submit`)
+    extras: dict[str, torch.Tensor] | None = None
+    finish: Finish | None = None
 
 
 @dataclass(frozen=True)

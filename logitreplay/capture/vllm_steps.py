@@ -46,6 +46,23 @@ STEP_FUNCTION = "execute_model"
 EVENTS, WALL = "cuda-events", "wall"
 
 
+@dataclass(frozen=True)
+class Runner:
+    """Where an engine's step is: `cls.function` in each of `modules`, and how a call of it tells a dummy
+    run (`dummy(args, kwargs)`) and a replayed CUDA graph (`graph_replayed(result)`: a step whose indexer
+    calls ran inside a graph, so no Python saw them) from a real eager step."""
+
+    engine: str
+    modules: tuple[str, ...]
+    cls: str
+    function: str
+    dummy: Callable[[tuple[Any, ...], dict[str, Any]], bool]
+    graph_replayed: Callable[[Any], bool] = lambda result: False
+
+
+VLLM = Runner("vllm", RUNNER_MODULES, RUNNER_CLASS, STEP_FUNCTION, lambda args, kwargs: bool(kwargs.get("dummy_run")))
+
+
 @dataclass
 class _Step:
     calls: Counter[tuple[int, int, int, str | None, str]] = field(default_factory=Counter)
@@ -57,7 +74,9 @@ class _Step:
 class Steps:
     """The steps and the calls of one process (the model's thread enters and counts; `record` reads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, runner: Runner = VLLM) -> None:
+        self.runner = runner
+        self.graph_steps = 0  # real steps run as a replayed CUDA graph: their calls are not counted
         self.timer: str | None = None
         self._done: list[_Step] = []
         self._current: _Step | None = None  # the real step running now
@@ -70,7 +89,7 @@ class Steps:
     def complete(self) -> bool:
         """Every runner module's class is wrapped (until then `install` is retried: a module imported later,
         V2's after V1's, has its own class)."""
-        return len(self._patched) == len(RUNNER_MODULES)
+        return len(self._patched) == len(self.runner.modules)
 
     @property
     def counted(self) -> bool:
@@ -88,25 +107,27 @@ class Steps:
     def install(self) -> int:
         """Wrap `GPUModelRunner.execute_model` on each runner module imported by now; returns how many are
         wrapped. Cheap when there is nothing new: a look-up in `sys.modules` per runner module."""
-        for name in RUNNER_MODULES:
-            cls = getattr(sys.modules.get(name), RUNNER_CLASS, None)
-            original = getattr(cls, STEP_FUNCTION, None) if isinstance(cls, type) else None
+        r = self.runner
+        for name in r.modules:
+            cls = getattr(sys.modules.get(name), r.cls, None)
+            original = getattr(cls, r.function, None) if isinstance(cls, type) else None
             if original is None or getattr(original, "__logitreplay_steps__", None) is not None:
                 continue
             assert isinstance(cls, type)
-            setattr(cls, STEP_FUNCTION, self._wrap(original))
+            setattr(cls, r.function, self._wrap(original))
             self._patched.append((cls, original))
         return len(self._patched)
 
     def uninstall(self) -> None:
         for cls, original in reversed(self._patched):
-            setattr(cls, STEP_FUNCTION, original)
+            setattr(cls, self.runner.function, original)
         self._patched.clear()
 
     def reset(self) -> None:
         """A forked child: the parent's steps are the parent's (the class wrappers stay and are this)."""
         self._done, self._current, self._loose = [], None, _Step()
         self._depth, self._dummy = 0, False
+        self.graph_steps = 0
 
     def count(self, layer: int, width: int, rows: int, dtype: str | None, kind: str) -> None:
         step = self._current
@@ -125,7 +146,7 @@ class Steps:
                 step.wall_us = step.events[0].elapsed_time(step.events[1]) * 1e3
             if step.calls:
                 forwards.append(Forward([CallCount(*k, count=n) for k, n in step.calls.items()], step.wall_us))
-        return CallRecord(writer, "vllm", self.timer, forwards)
+        return CallRecord(writer, self.runner.engine, self.timer, forwards)
 
     # -- the step wrapper (on the model's thread: never raises into vLLM)
 
@@ -135,13 +156,15 @@ class Steps:
             outer = self._depth == 0
             self._depth += 1
             if outer:
-                self._begin(bool(kwargs.get("dummy_run", False)), getattr(runner, "device", None))
+                self._begin(self.runner.dummy(args, kwargs), getattr(runner, "device", None))
+            result = None
             try:
-                return original(runner, *args, **kwargs)
+                result = original(runner, *args, **kwargs)
+                return result
             finally:
                 self._depth -= 1
                 if outer:
-                    self._end()
+                    self._end(result)
 
         execute_model.__logitreplay_steps__ = self  # type: ignore[attr-defined]
         return execute_model
@@ -165,10 +188,12 @@ class Steps:
         except Exception:  # a step not timed is still counted, as an untimed forward
             self._current = None
 
-    def _end(self) -> None:
+    def _end(self, result: Any) -> None:
         step, self._current, self._dummy = self._current, None, False
         if step is None:
             return
+        if not step.calls and self.runner.graph_replayed(result):
+            self.graph_steps += 1
         try:
             if step.events is not None:
                 step.events[1].record()
@@ -201,4 +226,4 @@ class Steps:
                 step.events = None
 
 
-__all__ = ["EVENTS", "RUNNER_CLASS", "RUNNER_MODULES", "STEP_FUNCTION", "WALL", "Steps"]
+__all__ = ["EVENTS", "RUNNER_CLASS", "RUNNER_MODULES", "STEP_FUNCTION", "VLLM", "WALL", "Runner", "Steps"]

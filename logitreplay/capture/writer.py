@@ -31,6 +31,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,11 @@ log = logging.getLogger("logitreplay.capture")
 DEFAULT_MAX_PENDING = 8
 DEFAULT_MAX_PENDING_BYTES = 4 << 30
 _WRITERS = itertools.count(1)
+# A front end's host step of one case, on the writer thread: (reference indices as the production call wrote
+# them, its extra tensors on the host, row starts, row ends) -> (reference in the archive's semantics, attrs
+# to add). SGLang's fused top-k writes page-table slots or offset positions, mapped back to row indices here.
+Finish = Callable[[np.ndarray | None, dict[str, np.ndarray], np.ndarray, np.ndarray],
+                  tuple[np.ndarray | None, dict[str, Any]]]
 
 
 @dataclass
@@ -67,6 +73,8 @@ class _Staged:
     charged: int  # bytes the policy's budget was charged (the whole matrix), settled once exact
     staged: int  # device bytes held until the case is written
     attrs: dict[str, Any]
+    extras: tuple[str, ...] = ()  # names of the tensors after the reference, staged for `finish`
+    finish: Finish | None = None
 
 
 class CaptureWriter:
@@ -113,7 +121,8 @@ class CaptureWriter:
     def submit(self, matrix: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, reference: torch.Tensor | None,
                *, top_k: int, row_stride: int, layer_index: int, layer_name: str, requests: int | None,
                attrs: dict[str, Any], attended: torch.Tensor | None = None,
-               key_offsets: torch.Tensor | None = None) -> bool:
+               key_offsets: torch.Tensor | None = None, extras: dict[str, torch.Tensor] | None = None,
+               finish: Finish | None = None) -> bool:
         """Offer one matrix (called on the model's thread, inside its stream). Returns whether it was staged.
 
         `matrix` is the (rows, cols) view the kernel read and `starts`/`ends` its row bounds, on the same
@@ -125,7 +134,9 @@ class CaptureWriter:
         starts at column 0 (vLLM's compressed logits); the case records it as runs of rows
         (`chunk.row_key_offsets`). `attended`, when given, is each row's number of columns the bounds were
         derived from: a row whose [start, end) spans a different number does not fit the format, and
-        fails the writer. Raises only for tensors of mismatched shapes.
+        fails the writer. `extras` are further device tensors the case needs (a page table the model
+        rewrites in place), staged like the rest and handed on the host to `finish`, which maps the
+        reference and adds attributes. Raises only for tensors of mismatched shapes.
         """
         rows, cols = (int(n) for n in matrix.shape)
         named = {"starts": starts, "ends": ends, "attended": attended, "key_offsets": key_offsets}
@@ -138,7 +149,9 @@ class CaptureWriter:
         if self.failed or self._closed:
             self.selection.drop("writer_off")
             return False
-        staged = charged + (0 if reference is None else reference.numel() * 4)
+        extras = dict(extras or {})
+        staged = (charged + (0 if reference is None else reference.numel() * 4)
+                  + sum(t.numel() * t.element_size() for t in extras.values()))
         with self._lock:
             full = self._queue.full() or self._pending_bytes + staged > self.max_pending_bytes
             if not full:
@@ -153,12 +166,14 @@ class CaptureWriter:
             torch.stack([t.to(torch.int64) for t in given.values()]))
         if reference is not None:
             tensors += (reference.to(torch.int32, copy=True, memory_format=torch.contiguous_format),)
+        tensors += tuple(t.clone(memory_format=torch.contiguous_format) for t in extras.values())
         ready = None
         if matrix.is_cuda:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(matrix.device))
         self._queue.put_nowait(_Staged(layer_index, layer_name, tensors, ready, int(top_k), cols, int(row_stride),
-                                       requests, bound_rows, charged, staged, attrs))  # not full: only this thread puts
+                                       requests, bound_rows, charged, staged, attrs, tuple(extras), finish))
+        # (not full: only this thread puts)
         self.selection.record(layer_index, cols, charged, decode_rows(attrs.get("kind"), rows))
         return True
 
@@ -223,9 +238,15 @@ class CaptureWriter:
 
     def _write(self, item: _Staged) -> None:
         """The host half of a capture: everything that needed the bounds, then the archive write."""
-        matrix, bounds, *reference = self._to_host(item)
+        matrix, bounds, *rest = self._to_host(item)
         named = dict(zip(item.bound_rows, bounds, strict=True))
         starts, ends = named["starts"].numpy(), named["ends"].numpy()
+        cut = len(rest) - len(item.extras)
+        reference, extras = rest[:cut], dict(zip(item.extras, (t.numpy() for t in rest[cut:]), strict=True))
+        if item.finish is not None:
+            ref, more = item.finish(reference[0].numpy() if reference else None, extras, starts, ends)
+            reference = [] if ref is None else [torch.from_numpy(ref)]
+            item.attrs = {**item.attrs, **more}
         if "attended" in named and (broken := np.nonzero(ends - starts != named["attended"].numpy())[0]).size:
             raise ValueError(f"row {int(broken[0])} attends to a non-contiguous set of columns")
         chunk = dict(item.attrs.get("chunk", {}))
