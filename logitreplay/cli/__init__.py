@@ -51,11 +51,12 @@ def _register() -> None:
     from logitreplay.cli.compare import compare_cmd
     from logitreplay.cli.datasets import inspect_cmd, synth_cmd
     from logitreplay.cli.kernels import build_kernels_cmd
+    from logitreplay.cli.merge import merge_cmd
     from logitreplay.cli.repair import repair_cmd
     from logitreplay.cli.replay import replay_cmd
     from logitreplay.cli.share import COMMANDS as SHARE_COMMANDS
 
-    for cmd in (synth_cmd, inspect_cmd, capture_group, replay_cmd, compare_cmd, build_kernels_cmd, repair_cmd,
+    for cmd in (synth_cmd, inspect_cmd, capture_group, replay_cmd, compare_cmd, merge_cmd, build_kernels_cmd, repair_cmd,
                 *SHARE_COMMANDS):
         main.add_command(cmd)
 

@@ -11,7 +11,9 @@ A ratio is flagged `slower` when its whole interval lies above 1 + tolerance, `f
 
 Reports are only comparable when they ran on the same device kind and GPU (CPU for CPU reports) under
 the same timing protocol; `comparable` says why not, and the caller refuses unless forced. Differences
-in library versions or driver are noted, not refused.
+in library versions or driver are noted, not refused. A report's GPUs are those that timed its cases
+(per rank, for a distributed replay or a `merge` of jobs on several GPU kinds); compared across GPU
+kinds (`--force`), every row names the GPU of each side, so it says how each case moved.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from logitreplay.replay.merge import case_gpus, protocol_difference
 from logitreplay.replay.results import ReplayResult
 
 RESAMPLES = 2000
@@ -41,6 +44,8 @@ class RatioCI:
     low: float
     high: float
     flag: str  # "faster" | "slower" | "no change"
+    base_gpu: str | None = None  # the GPU that timed the case in each report (None on CPU): across GPU kinds
+    new_gpu: str | None = None   # (`merge` of jobs on several kinds, or `--force`) this says how it moved
 
 
 @dataclass
@@ -65,14 +70,13 @@ def comparable(base: ReplayResult, new: ReplayResult) -> str | None:
     kinds = base.device.split(":")[0], new.device.split(":")[0]
     if kinds[0] != kinds[1]:
         return f"BASE ran on {base.device}, NEW on {new.device}"
-    key = "gpu" if kinds[0] == "cuda" else "cpu"
-    if base.environment.get(key) != new.environment.get(key):
-        return f"BASE ran on {key.upper()} {base.environment.get(key)!r}, NEW on {new.environment.get(key)!r}"
-    a, b = base.protocol.to_json(), new.protocol.to_json()
-    if a != b:
-        diff = ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
-        return f"the timing protocols differ ({diff})"
-    return None
+    if kinds[0] == "cuda":
+        gpus = [", ".join(repr(g) for g in sorted({str(g) for g in case_gpus(r).values()})) for r in (base, new)]
+        if gpus[0] != gpus[1]:
+            return f"BASE ran on GPU {gpus[0]}, NEW on {gpus[1]}"
+    elif base.environment.get("cpu") != new.environment.get("cpu"):
+        return f"BASE ran on CPU {base.environment.get('cpu')!r}, NEW on {new.environment.get('cpu')!r}"
+    return protocol_difference(base, new)
 
 
 def bootstrap_ratio(base: np.ndarray, new: np.ndarray, rng: np.random.Generator,
@@ -100,6 +104,9 @@ def compare(base: ReplayResult, new: ReplayResult, tolerance: float = TOLERANCE,
         if base.environment.get(k) != new.environment.get(k):
             out.notes.append(f"{k}: {base.environment.get(k)} in BASE, {new.environment.get(k)} in NEW")
     timed_new = {(c.case_id, s): c.timed(s) for c in new.cases for s in new.selectors if c.timed(s)}
+    gpus = case_gpus(base), case_gpus(new)
+    if any(gpus[0][c] != gpus[1].get(c, gpus[0][c]) for c in gpus[0]):
+        out.notes.append("across GPU kinds: a case's ratio is NEW's GPU against BASE's (base_gpu, new_gpu)")
     seen = set()
     for case in base.cases:
         for selector in base.selectors:
@@ -116,7 +123,7 @@ def compare(base: ReplayResult, new: ReplayResult, tolerance: float = TOLERANCE,
             ratio, low, high = bootstrap_ratio(np.asarray(t_base.samples_us), np.asarray(t_new.samples_us), rng,
                                                resamples)
             out.rows.append(RatioCI(case.case_id, selector, t_base.median_us, t_new.median_us, ratio, low, high,
-                                    flag(low, high, tolerance)))
+                                    flag(low, high, tolerance), gpus[0][case.case_id], gpus[1].get(case.case_id)))
     out.only_new = [f"{c}/{s}" for (c, s) in timed_new if (c, s) not in seen]
     return out
 
