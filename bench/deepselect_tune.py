@@ -2,9 +2,9 @@
 
 Each variant is the family's source (`deepselect.cu` by default, `split.cu` with --family split) built
 with some of its compile-time overrides (DeepSelect: `-DLR_DS_THREADS=...`, `LR_DS_ELEMS`, `LR_DS_B2`,
-`LR_DS_BLOCKS`, `LR_DS_SPEC`, `LR_DS_FIRST`, `LR_DS_FREE`, `LR_DS_WIDE_STRIDE`, see the Config comment in the source; split: `LR_SPLIT_THREADS`, `LR_SPLIT_BLOCKS`,
-`LR_SPLIT_CACHE_KB`, `LR_SPLIT_CHUNK_CACHES`, `LR_SPLIT_SHARE_DIV`, `LR_SPLIT_UNROLL`, `LR_SPLIT_FINISH`,
-`LR_SPLIT_MIN_CHUNK`, see the tunables at its top). For every variant:
+`LR_DS_BLOCKS`, `LR_DS_WIDE_STRIDE`, see the Config comment in the source; split: `LR_SPLIT_THREADS`,
+`LR_SPLIT_BLOCKS`, `LR_SPLIT_CACHE_KB`, `LR_SPLIT_SHARE_DIV`, `LR_SPLIT_UNROLL`, `LR_SPLIT_MIN_CHUNK`, see
+the tunables at its top). For every variant:
 1. correctness: every case of the stress suite (small scale) through the replay checks 1-4, a graph
    replayed after its row ends changed in place (check 5), and the NaN status flag;
 2. timing: the seed-controls shapes at full scale (fp32 and bf16, values drawn on the GPU with the
@@ -57,9 +57,6 @@ from logitreplay.selectors.cuda import build
 FAMILIES: dict[str, dict[str, dict[str, int]]] = {
     "deepselect": {
         "default": {},
-        "nospec": {"LR_DS_SPEC": 0},
-        "nofirst": {"LR_DS_FIRST": 0},
-        "nofree": {"LR_DS_FREE": 0},
         "w16k": {"LR_DS_WIDE_STRIDE": 16384},
         "e32_b2": {"LR_DS_ELEMS": 32, "LR_DS_BLOCKS": 2},
         "e16_b4": {"LR_DS_ELEMS": 16, "LR_DS_BLOCKS": 4},
@@ -67,19 +64,15 @@ FAMILIES: dict[str, dict[str, dict[str, int]]] = {
         "e16": {"LR_DS_ELEMS": 16},
         "b2_512": {"LR_DS_B2": 512},
         "b2_2048": {"LR_DS_B2": 2048},
-        "d2": {"LR_DS_DEPTH": 2},
         "t128": {"LR_DS_THREADS": 128, "LR_DS_BLOCKS": 8},
     },
     "split": {
         "default": {},
         "k64": {"LR_SPLIT_CACHE_KB": 64},
-        "c2": {"LR_SPLIT_CHUNK_CACHES": 2},
-        "c4_s1": {"LR_SPLIT_CHUNK_CACHES": 4, "LR_SPLIT_SHARE_DIV": 1},
+        "s1": {"LR_SPLIT_SHARE_DIV": 1},
         "u8": {"LR_SPLIT_UNROLL": 8},
         "t256": {"LR_SPLIT_THREADS": 256, "LR_SPLIT_BLOCKS": 4, "LR_SPLIT_CACHE_KB": 32},
         "t1024": {"LR_SPLIT_THREADS": 1024, "LR_SPLIT_BLOCKS": 1, "LR_SPLIT_CACHE_KB": 192},
-        "last_part": {"LR_SPLIT_FINISH": 1},
-        "together": {"LR_SPLIT_FINISH": 2},
         "m4k": {"LR_SPLIT_MIN_CHUNK": 4096},
         "m8k": {"LR_SPLIT_MIN_CHUNK": 8192},
     },

@@ -135,7 +135,7 @@ def test_typed_arguments_follow_the_table() -> None:
 
 
 def test_library_without_the_entry_points_is_a_build_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(build, "load", lambda name, arch=None: types.SimpleNamespace(_name="/cache/fake.so"))
+    monkeypatch.setattr(build, "load", lambda name, arch=None, extra=(): types.SimpleNamespace(_name="/cache/fake.so"))
     abi.entry_points.cache_clear()
     try:
         with pytest.raises(build.BuildError, match="kernel native: /cache/fake.so lacks .*topk_api.h"):

@@ -51,6 +51,7 @@ SPLIT_GRID = 264
 SPLIT_MIN_CHUNK = 2048
 SPLIT_CACHE_BYTES = 96 << 10
 SPLIT_ROWS = 1024
+SPLIT_PLAN_ITEMS = 0xFFFF  # the items its plan indexes (split.cu's 16-bit PlanIndex)
 SPLIT_LISTED = 1024       # the coarse bucket keys an item lists in shared memory
 SPLIT_SLOT_LISTED = 3072  # a split row's, in its workspace slot, when its last part finishes it alone
 _SPLIT_WINDOW = (127 - 16) << 5  # split's coarse bins: (exponent, top 5 mantissa bits) of 2^-16
@@ -72,12 +73,15 @@ class NativeWork:
 @dataclass
 class DeepSelectWork:
     """Per-row work of the DeepSelect model: `compactions` of the candidate buffer, `appended`, the
-    candidates that passed the threshold (the buffer traffic), and `redone`, 1 for a row whose
-    speculative pass was lost or overflowed and was read a second time (both passes counted)."""
+    candidates that passed the threshold (the buffer traffic), `redone`, 1 for a row whose speculative
+    pass was lost or overflowed and was read a second time (both passes counted), and `first_thresholds`,
+    the passes whose first threshold came from the first round's registers (which needs the round to
+    hold at least that threshold's rank of the row's elements)."""
 
     compactions: np.ndarray
     appended: np.ndarray
     redone: np.ndarray
+    first_thresholds: np.ndarray
 
 
 @dataclass
@@ -229,6 +233,15 @@ def split_plan(lengths: np.ndarray, top_k: int, key_bytes: int = 4, grid: int = 
     share = max(grid - lengths.size, grid // 2)
     chunk = min(max(-(-int(lengths.sum()) // share), SPLIT_MIN_CHUNK), SPLIT_CACHE_BYTES // key_bytes)
     return np.where((lengths > top_k) & (lengths > chunk), np.minimum(-(-lengths // chunk), grid), 1)
+
+
+def split_parts_bound(rows: int, cols: int, key_bytes: int) -> int:
+    """The most parts `split_plan` can cut rows of at most `cols` elements into, on any grid, in the one
+    case that can pass `SPLIT_PLAN_ITEMS`: items of a whole key cache each (smaller ones come from a chunk
+    of at least total / share and number at most rows + grid). 0 past `SPLIT_ROWS`: no row is split."""
+    if rows > SPLIT_ROWS:
+        return 0
+    return rows * -(-cols // (SPLIT_CACHE_BYTES // key_bytes))
 
 
 def split_coarse_bin(key: torch.Tensor) -> torch.Tensor:
@@ -388,15 +401,17 @@ def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: to
 
     def chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, k: int,
               h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out, compactions, appended, lost = _deepselect_pass(x, starts, ends, h, k, cfg, bf16, True)
+        out, compactions, appended, firsts, lost = _deepselect_pass(x, starts, ends, h, k, cfg, bf16, True)
         if bool(lost.any()):
             rows = lost.nonzero().squeeze(1)
-            again, more, extra, _ = _deepselect_pass(x[rows], starts[rows], ends[rows], h[rows], k, cfg, bf16, False)
-            out[rows], compactions[rows], appended[rows] = again, compactions[rows] + more, appended[rows] + extra
-        return out, compactions, appended, lost.to(torch.int64)
+            again, *more, _ = _deepselect_pass(x[rows], starts[rows], ends[rows], h[rows], k, cfg, bf16, False)
+            out[rows] = again
+            for total, extra in zip((compactions, appended, firsts), more, strict=True):
+                total[rows] += extra
+        return out, compactions, appended, lost.to(torch.int64), firsts
 
-    out, (compactions, appended, redone) = _chunked(chunk, logits, row_starts, row_ends, top_k, heads)
-    return out, DeepSelectWork(compactions, appended, redone)
+    out, counters = _chunked(chunk, logits, row_starts, row_ends, top_k, heads)
+    return out, DeepSelectWork(*counters)
 
 
 def _rank_key(ranked: torch.Tensor, rank: torch.Tensor, low: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -408,11 +423,11 @@ def _rank_key(ranked: torch.Tensor, rank: torch.Tensor, low: int) -> tuple[torch
 
 def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, heads: torch.Tensor, top_k: int,
                      cfg: DeepSelectConfig, bf16: bool,
-                     speculate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One pass over the rows: (indices, compactions, appended, lost), lost marking the rows to redo.
+                     speculate: bool) -> tuple[torch.Tensor, ...]:
+    """One pass over the rows: (indices, compactions, appended, first, lost), first marking the rows whose
+    first threshold came from the first round, lost the rows to redo.
     Keys are the kernel's unsigned order keys (as int64; -1 marks an empty buffer cell). Its selects
     resolve bf16 keys to 16 bits (all they carry), fp32 keys to 32, and the first threshold to 24."""
-    vec = 8 if bf16 else 4
     first_low, select_low = (0xFFFF, 0xFFFF) if bf16 else (0xFF, 0)
     n, width = x.shape
     key = f32_key(x).to(torch.int64) + 2**31
@@ -429,6 +444,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
     free = torch.zeros(n, dtype=torch.bool)  # speculating: no compaction, overflow means a redo
     compactions = torch.zeros(n, dtype=torch.int64)
     appended = torch.zeros(n, dtype=torch.int64)
+    first = torch.zeros(n, dtype=torch.bool)
     full_rank = torch.full((n,), top_k, dtype=torch.int64)
     for r in range(int(rounds.max()) if n else 0):
         idx, inside = _round_columns(cfg, lengths, heads, r)
@@ -436,7 +452,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
         later = lowest
         if r == 0:  # the first threshold, from the round's own keys
             rank = keep_rank(top_k, torch.full((n,), cfg.round), span) if speculate else full_rank
-            first = selecting & (rounds > 1) & (rank <= cfg.round - vec)
+            first = selecting & (rounds > 1) & (rank <= inside.sum(1))  # the round holds rank keys
             prefix, not_below = _rank_key(torch.where(inside, k, -1).sort(dim=1, descending=True).values, rank,
                                           first_low)
             lowest = torch.where(first, prefix, lowest)
@@ -468,7 +484,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
             compactions[rows] += 1
     pos = _top_positions(buf_key[:, :cap], top_k).clamp(max=cap)  # past `cap` only in -1 tail slots
     out = _with_tails(buf_idx.gather(1, pos), need)
-    return out, compactions, appended, selecting & ((count > cap) | (count < need))
+    return out, compactions, appended, first.to(torch.int64), selecting & ((count > cap) | (count < need))
 
 
 def case_work(case: Case) -> dict[str, float]:

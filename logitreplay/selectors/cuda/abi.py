@@ -24,6 +24,8 @@ LR_F32, LR_BF16 = 0, 1
 LR_STATUS_NAN = 1
 # sizeof(LrStatus), which is also the workspace's alignment: the smallest workspace any family accepts.
 STATUS_BYTES = 256
+# sizeof(LrWork): one row's work record (in work builds, at the end of the workspace), its uint32 counters.
+WORK_BYTES, WORK_COUNTERS = 16, 4
 
 DTYPES = {"float32": LR_F32, "bfloat16": LR_BF16}
 MESSAGES = {LR_EINVAL: "invalid argument", LR_EWORKSPACE: "workspace too small", LR_ELAUNCH: "kernel launch failed"}
@@ -65,9 +67,10 @@ def describe(rc: int) -> str:
 
 
 @functools.cache
-def entry_points(family: str, arch: str | None = None) -> dict[str, Callable[..., int]]:
-    """The family's entry points by suffix, typed from `ENTRY_POINTS` (the library built and loaded if needed)."""
-    lib = build.load(family, arch)
+def entry_points(family: str, arch: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Callable[..., int]]:
+    """The family's entry points by suffix, typed from `ENTRY_POINTS` (the library built with `extra` flags
+    and loaded if needed)."""
+    lib = build.load(family, arch, extra)
     fns: dict[str, Callable[..., int]] = {}
     for entry, sig in ENTRY_POINTS.items():
         try:

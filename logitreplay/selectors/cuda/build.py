@@ -35,6 +35,9 @@ from logitreplay.errors import BuildError
 
 SOURCE_DIR = Path(__file__).resolve().parent
 FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo")
+# The work build: the kernels also keep topk_api.h's per-row work record (for the GPU tests, which
+# compare it with the CPU models); a library of its own, so the default build has none of its code.
+WORK_FLAGS: tuple[str, ...] = ("-DLR_WORK_RECORD",)
 DEFAULT_NVCC = Path("/usr/local/cuda/bin/nvcc")
 # Compute capabilities from 9.0 on have architecture-specific (`a`) targets.
 _FIRST_ARCH_SPECIFIC = 9
@@ -138,22 +141,24 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "logitreplay"
 
 
-def library_path(name: str, arch: str, tc: Toolchain) -> Path:
-    return cache_dir() / "kernels" / f"{name}-{arch}-{cache_key(name, arch, tc.version)}.so"
+def library_path(name: str, arch: str, tc: Toolchain, extra: tuple[str, ...] = ()) -> Path:
+    variant = "-work" if extra else ""
+    return cache_dir() / "kernels" / f"{name}{variant}-{arch}-{cache_key(name, arch, tc.version, FLAGS + extra)}.so"
 
 
-def build(name: str, arch: str | None = None) -> Path:
-    """The path of the kernel's shared library for `arch` (default: the current device's), built if absent."""
+def build(name: str, arch: str | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """The path of the kernel's shared library for `arch` (default: the current device's), built if absent;
+    `extra` flags (WORK_FLAGS) make a variant of its own."""
     tc = toolchain()
     arch = arch or device_arch()
     check_arch(arch, tc)
-    lib = library_path(name, arch, tc)
+    lib = library_path(name, arch, tc, extra)
     if lib.is_file():
         return lib
     lib.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=lib.name + ".", suffix=".tmp")
     os.close(fd)
-    cmd = [str(tc.nvcc), *FLAGS, gencode(arch), "-o", tmp, str(SOURCE_DIR / f"{name}.cu")]
+    cmd = [str(tc.nvcc), *FLAGS, *extra, gencode(arch), "-o", tmp, str(SOURCE_DIR / f"{name}.cu")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -169,9 +174,9 @@ def build(name: str, arch: str | None = None) -> Path:
 
 
 @functools.cache
-def load(name: str, arch: str | None = None) -> ctypes.CDLL:
+def load(name: str, arch: str | None = None, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The kernel's shared library, loaded (built first if not cached); abi.py binds its entry points."""
-    path = build(name, arch)
+    path = build(name, arch, extra)
     try:
         return ctypes.CDLL(str(path))
     except OSError as e:

@@ -101,6 +101,27 @@ __device__ __forceinline__ void report_nan(LrStatus* status) {
   if (status != nullptr) atomicOr(&status->flags, LR_STATUS_NAN);
 }
 
+// The work record of topk_api.h: built in with -DLR_WORK_RECORD only, so the default build pays nothing.
+#ifdef LR_WORK_RECORD
+constexpr bool kWorkRecord = true;
+#else
+constexpr bool kWorkRecord = false;
+#endif
+
+// The workspace bytes of the work record of `rows` rows (0 unless built in).
+inline long long work_bytes(int rows) { return kWorkRecord ? static_cast<long long>(rows) * sizeof(LrWork) : 0; }
+
+// The record of a family whose workspace is the status header alone: the rows follow it.
+__device__ __forceinline__ LrWork* status_work(LrStatus* status) { return reinterpret_cast<LrWork*>(status + 1); }
+
+// Add a row's counts (by one thread per row, or per part of a row) to its record.
+__device__ __forceinline__ void add_work(LrWork* w, int c0, int c1 = 0, int c2 = 0, int c3 = 0) {
+  const int c[4] = {c0, c1, c2, c3};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (c[i]) atomicAdd(&w->counters[i], static_cast<uint32_t>(c[i]));
+}
+
 // -------------------------------------------------------------------------------------------- output
 
 // Slots [from, top_k) of an output row get -1 (rows shorter than top_k).

@@ -4,19 +4,20 @@
 // are visited in a fixed pseudo-random order, a round of one segment per warp at a time. An element
 // enters the shared-memory candidate buffer only if it passes the threshold T (T starts as NaN, which
 // every comparison below lets through, i.e. "below everything"). After the last round one select
-// leaves exactly top_k. Every input element is read once.
+// leaves exactly top_k. Every input element is read once per pass.
 //
 // Where T comes from, in the order a row meets it:
-// 1. The first round's own registers: the block's radix select (common.cuh) finds the round's key of
-//    rank r without the round being written anywhere, and T becomes that key (elements at or above it
-//    enter). r is not top_k but `keep_rank`: about as many of the row's top_k as the round is likely to
-//    hold, plus a wide margin. That is a bet that T is still at or below the row's k-th value.
+// 1. The first round's own registers, when it holds at least r elements of the row: the block's radix
+//    select (common.cuh) finds the round's key of rank r without the round being written anywhere, and
+//    T becomes that key (elements at or above it enter). r is not top_k but `keep_rank`: about as many
+//    of the row's top_k as the round is likely to hold, plus a wide margin. That is a bet that T is
+//    still at or below the row's k-th value.
 // 2. With the bet placed, the later rounds add few candidates (about r per round's worth of the row),
 //    so they run free: no barrier per round, one shared atomic per warp, no compaction. At the end the
 //    bet is checked: if fewer than top_k candidates remain, or the buffer overflowed, the row is redone
-//    exactly (r = top_k and a barrier per round). A redo costs one more pass over the row. Spread
-//    scores never need one; long rows with heavy ties near the k-th value, ordered rows and k = 2048 on
-//    the longest rows sometimes do (bench/deepselect_bets.py: the CPU model's count, by distribution).
+//    exactly (r = top_k and a barrier per round), a second and last pass over the row. Spread scores
+//    never need one; long rows with heavy ties near the k-th value, ordered rows and k = 2048 on the
+//    longest rows sometimes do (bench/deepselect_bets.py: the CPU model's count, by distribution).
 // 3. In the exact pass (and rows the first step does not apply to), the classic rule: when the buffer
 //    reaches top_k + kB2 candidates it is cut back by the shared-memory select, and T rises to a lower
 //    bound of the k-th largest key (or, speculating, of the keep_rank-th).
@@ -37,10 +38,7 @@
 // - bf16 keys use the fp32 key of the (exact) fp32 value; its low 16 bits carry no information, so the
 //   selects resolve 16 bits (two radix passes) instead of 32.
 //
-// Measured and not used (bench/RESULTS.md): a row split over a thread-block cluster (1.6-2.1x slower:
-// every part restarts its threshold and compacts its own first rounds), more loads in flight (two
-// rounds were no faster, and cost registers), and a first threshold from per-warp bit-serial selects
-// (the 16-24 dependent warp reductions cost more than the block select they replace).
+// Alternatives measured and not kept: bench/RESULTS.md, "Kernel history".
 //
 // Entry points, workspace and status: see topk_api.h.
 
@@ -53,18 +51,13 @@ namespace {
 
 // ------------------------------------------------------------------------------------------ tunables
 // Chosen per (dtype, top_k class) from bench/deepselect_tune.py on an H200 (results in bench/RESULTS.md).
-// Each can be overridden at build time (-DLR_DS_THREADS=... etc.) for that sweep, for every class at once.
+// Each can be overridden at build time (-DLR_DS_<NAME>=v) for that sweep, for every class at once.
 //   kThreads  threads per block (one block per row)
 //   kElems    elements per thread per round (kVecs 16-byte loads: 4 fp32 or 8 bf16 elements each)
 //   kB2       candidates appended since the last compaction that trigger the next one
-//   kDepth    rounds whose loads are in flight while a round is processed
 //   kBlocks   blocks per multiprocessor the register budget is sized for (__launch_bounds__)
-//   kSpec     0 turns the speculative threshold off (every compaction keeps top_k; see `keep_rank`)
-//   kFirst    0 takes the first round whole instead of thresholding it from its registers
-//   kFree     0 keeps the barrier of every round after a speculative first threshold (see `free`)
 // WIDE: rows of at least kWideStride elements (judged by the row stride, since the bounds stay on the
-// device), where longer rounds pay; only the classes up to 1024 have a wide variant. 16384, not 65536
-// since the first threshold came from registers: 25600 and 51200 columns then gain 5-19% (bf16 most).
+// device), where longer rounds pay; only the classes up to 1024 have a wide variant.
 #ifdef LR_DS_WIDE_STRIDE
 constexpr long long kWideStride = LR_DS_WIDE_STRIDE;
 #else
@@ -81,8 +74,8 @@ struct Config {
 #ifdef LR_DS_ELEMS
   static constexpr int kElems = LR_DS_ELEMS;
 #else
-  // 8 beats 16 on short rows (8192 columns: 152 against 189 us bf16): fewer elements per round to
-  // rank for the first threshold, less shared memory, so more blocks per SM; 16 wins on wide rows.
+  // 8 on short rows: fewer elements per round to rank for the first threshold, less shared memory, so
+  // more blocks per SM; 16 on wide rows.
   static constexpr int kElems = WIDE ? 16 : 8;
 #endif
   static constexpr int kVecs = kElems * static_cast<int>(sizeof(T)) / 16;
@@ -91,33 +84,12 @@ struct Config {
 #else
   static constexpr int kB2 = K_MAX < 1024 ? 1024 : K_MAX;
 #endif
-#ifdef LR_DS_DEPTH
-  static constexpr int kDepth = LR_DS_DEPTH;
-#else
-  static constexpr int kDepth = 1;
-#endif
 #ifdef LR_DS_BLOCKS
   static constexpr int kBlocks = LR_DS_BLOCKS;
 #else
   // Close to what the shared memory admits (about 34, 41, 64 and 128 KB for the four classes, 49 and
-  // 57 KB wide): occupancy pays (5 blocks beat 4 by 7% on 8192 x 8192) even at the price of a few
-  // spilled registers (48 registers at 5 blocks of 256 threads).
+  // 57 KB wide): occupancy pays even at the price of a few spilled registers.
   static constexpr int kBlocks = WIDE ? (K_MAX <= 512 ? 4 : 3) : K_MAX <= 1024 ? 5 : K_MAX <= 2048 ? 3 : 1;
-#endif
-#ifdef LR_DS_SPEC
-  static constexpr bool kSpec = LR_DS_SPEC != 0;
-#else
-  static constexpr bool kSpec = true;
-#endif
-#ifdef LR_DS_FIRST
-  static constexpr bool kFirst = LR_DS_FIRST != 0;
-#else
-  static constexpr bool kFirst = true;
-#endif
-#ifdef LR_DS_FREE
-  static constexpr bool kFree = LR_DS_FREE != 0;
-#else
-  static constexpr bool kFree = true;
 #endif
 };
 
@@ -291,12 +263,20 @@ struct DeepSelect {
     const int rounds = static_cast<int>((m + kWarps - 1) / kWarps);
     bool nan = false;
     int n = 0;  // candidates in s.keys / s.idx
+    // The row's elements in the first round, when rounds > 1 (its kWarps segments are then distinct):
+    // whole segments but the span's first (`head` cells before the row) and its last (up to `span`).
+    int first_valid = 0;
+    for (uint32_t w = 0, g = m / 2; w < kWarps; ++w, g = g + a < m ? g + a : g + a - m)
+      first_valid += min(span - static_cast<int>(g) * kSeg, kSeg) - (g == 0 ? head : 0);
+    int compactions = 0, appended = 0, firsts = 0;  // the work record's counts (LR_WORK_RECORD builds only)
 
-    // One pass over the row, speculating first; a pass that ends with fewer than top_k candidates (the
-    // bet lost: the row has fewer than top_k elements at or above the last threshold) or with more than
-    // the buffer holds (free rounds only) is followed by an exact one. n is the same in every thread, so
-    // the whole block decides alike.
-    for (bool spec = C::kSpec;; spec = false) {
+    // One pass over the row, speculating; a pass that ends with fewer than top_k candidates (the bet
+    // lost: the row has fewer than top_k elements at or above the last threshold) or with more than the
+    // buffer holds (free rounds only) is followed by an exact one, which neither bets nor overflows and
+    // so is the last. n is the same in every thread, so the whole block decides alike.
+    int pass = 0;
+    for (; pass < 2; ++pass) {
+      const bool spec = pass == 0;
       uint32_t seg = first_seg;
       float t = __uint_as_float(0x7fffffffu);  // NaN: every element passes `!(x <= t)`
       float t_later = t;  // the threshold from the second round on
@@ -335,41 +315,42 @@ struct DeepSelect {
           }
           if (acc) nan |= append(s, v, acc, pos, cur_seg, head, lane);
           n += total;
-          if (n >= top_k + C::kB2 && round + 1 < rounds)
+          if constexpr (lr::kWorkRecord) appended += total;
+          if (n >= top_k + C::kB2 && round + 1 < rounds) {
             n = compact(s, n, spec ? keep_rank(top_k, min((round + 1) * kRound, span), span) : top_k, top_k, t);
+            if constexpr (lr::kWorkRecord) ++compactions;
+          }
         }
       };
 
-      // Loads of the next kDepth rounds are in flight (in registers) while a round is processed. The
-      // round loop is unrolled by kDepth so that every buffer has a fixed register home: a buffer is
+      // The next round's loads are in flight (in registers) while a round is processed: `ahead` is
       // copied out only when its own data is needed, never moved while its load is still in flight.
-      uint4 ahead[C::kDepth][C::kVecs];
-      int ahead_seg[C::kDepth];
-      auto issue = [&](int d, int round) {
-        ahead_seg[d] = round * kWarps + warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
-        if (ahead_seg[d] >= 0) load(ahead[d], base, ahead_seg[d], span, lane);
+      uint4 ahead[C::kVecs];
+      int ahead_seg;
+      auto issue = [&](int round) {
+        ahead_seg = round * kWarps + warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
+        if (ahead_seg >= 0) load(ahead, base, ahead_seg, span, lane);
         seg += step;
         if (seg >= m) seg -= m;
       };
-#pragma unroll
-      for (int d = 0; d < C::kDepth; ++d) issue(d, d);
+      issue(0);
 
-      // The first threshold comes from the first round's own registers (at least kRound - kVec of its
-      // elements are in the row) instead of taking that round whole and compacting it: the round's
-      // rank-r key, to kFirstBits bits (a lower bound). With r = top_k that threshold loses nothing;
+      // The first threshold comes from the first round's own registers, when it holds at least r
+      // elements of the row, instead of taking that round whole and compacting it: the round's rank-r
+      // key, to kFirstBits bits (a lower bound). With r = top_k that threshold loses nothing;
       // with the speculative rank it is the bet of a speculative compaction, and the rounds can then
       // run free: with a threshold that close to the row's k-th value later rounds add few
       // candidates, so the buffer takes them all without a compaction, and a row where it would not
       // is redone exactly. Done before the round loop, whose registers it would otherwise crowd.
       const int first_rank = spec ? keep_rank(top_k, kRound, span) : top_k;
-      if (C::kFirst && rounds > 1 && first_rank <= kRound - kVec) {
+      if (rounds > 1 && first_rank <= first_valid) {
         if (tid == 0) s.count = 0;  // published by the select's first barrier
-        const uint32_t valid = inside(ahead_seg[0], head, span, lane);
+        const uint32_t valid = inside(ahead_seg, head, span, lane);
         const lr::SelectRule rule = lr::radix_select_rule<kThreads, kFirstBits>(
             [&](auto&& f) {
 #pragma unroll
               for (int e = 0; e < kPerThread; ++e)
-                if (valid >> e & 1u) f(lr::f32_key(element<T>(ahead[0][e / kVec], e % kVec)));
+                if (valid >> e & 1u) f(lr::f32_key(element<T>(ahead[e / kVec], e % kVec)));
             },
             first_rank, s.sel);
         t = t_later = at_or_above(rule.prefix);
@@ -378,21 +359,18 @@ struct DeepSelect {
         // equal to it is needed, so later rounds do not take the ties in.
         if (rule.not_below(first_rank) >= top_k)
           t_later = key_to_f32(rule.prefix);
-        free = C::kFree && spec;
+        free = spec;
+        if constexpr (lr::kWorkRecord) ++firsts;
       }
       // The round loop, compiled once per kind of round so that each gets its own registers.
       auto all_rounds = [&](auto free_rounds) {
-        for (int round0 = 0; round0 < rounds; round0 += C::kDepth) {
+        for (int round = 0; round < rounds; ++round) {
+          uint4 v[C::kVecs];
 #pragma unroll
-          for (int d = 0; d < C::kDepth; ++d) {
-            if (round0 + d >= rounds) break;
-            uint4 v[C::kVecs];
-#pragma unroll
-            for (int q = 0; q < C::kVecs; ++q) v[q] = ahead[d][q];
-            const int cur_seg = ahead_seg[d];
-            issue(d, round0 + d + C::kDepth);
-            process(v, cur_seg, round0 + d, free_rounds);
-          }
+          for (int q = 0; q < C::kVecs; ++q) v[q] = ahead[q];
+          const int cur_seg = ahead_seg;
+          issue(round + 1);
+          process(v, cur_seg, round, free_rounds);
         }
       };
       if (free)
@@ -402,9 +380,13 @@ struct DeepSelect {
       if (free) {
         __syncthreads();  // every warp's candidates and count
         n = static_cast<int>(min(s.count, static_cast<uint32_t>(kCap) + 1u));
+        if constexpr (lr::kWorkRecord) appended += static_cast<int>(s.count);
       }
       if (n >= top_k && n <= kCap) break;
       __syncthreads();  // every thread is done with this pass's counts and candidates
+    }
+    if constexpr (lr::kWorkRecord) {
+      if (tid == 0) lr::add_work(lr::status_work(status) + r, compactions, appended, pass, firsts);
     }
 
     __syncthreads();  // the last appends are visible
@@ -454,7 +436,9 @@ constexpr int kMaxTopK = 4096;  // candidate buffers live in shared memory
 
 }  // namespace
 
-LR_EXPORT long long lr_deepselect_workspace_bytes(int, int, int, int) { return sizeof(LrStatus); }
+LR_EXPORT long long lr_deepselect_workspace_bytes(int rows, int, int, int) {
+  return sizeof(LrStatus) + lr::work_bytes(rows);
+}
 
 LR_EXPORT int lr_deepselect_max_top_k(int) { return kMaxTopK; }
 

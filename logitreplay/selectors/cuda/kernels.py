@@ -5,7 +5,8 @@ All implement the C interface of `topk_api.h`, bound once in abi.py, so one sele
 they differ only in the library they load. `prepare` does every check and allocation (workspace, status
 header) up front; the launch it returns only passes raw pointers and the current stream to the library,
 so it never allocates or syncs and can be captured in a CUDA graph, which stays valid when the bounds
-change in place.
+change in place. The layout checks (`check_layout`) read only shapes, strides and dtypes, so they run
+without a device (on CPU or meta tensors) as well.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from logitreplay.archive import Case
 from logitreplay.errors import KernelError, SelectorError
-from logitreplay.selectors.cuda import abi
+from logitreplay.selectors import cpu_models
+from logitreplay.selectors.cuda import abi, build
 
 _DTYPE_CODE = {getattr(torch, name): code for name, code in abi.DTYPES.items()}
 
@@ -44,14 +47,29 @@ class KernelLaunch:
         """Whether any launch so far met a NaN inside a row's bounds (synchronizes; not for timed code)."""
         return bool(int(self.workspace[:4].view(torch.int32).item()) & abi.LR_STATUS_NAN)
 
+    def work(self, rows: int) -> np.ndarray:
+        """The work record of a work build (`CudaKernel(work=True)`): per row, the counters of the family's
+        CPU model work (cpu_models), summed over the launches so far; (rows, 4) int64 (synchronizes)."""
+        record = self.workspace[self.workspace.numel() - rows * abi.WORK_BYTES:]
+        return record.view(torch.int32).reshape(rows, abi.WORK_COUNTERS).cpu().numpy().astype(np.int64)
+
 
 class CudaKernel:
-    """A bundled kernel family bound through ctypes; subclasses name the family."""
+    """A bundled kernel family bound through ctypes; subclasses name the family. `work=True` loads the
+    work build (build.WORK_FLAGS), whose launches also keep the per-row work record."""
 
     name: str
 
+    def __init__(self, work: bool = False) -> None:
+        self.extra = build.WORK_FLAGS if work else ()
+
     def _entry_points(self) -> dict[str, Callable[..., int]]:
-        return abi.entry_points(self.name)
+        return abi.entry_points(self.name, None, self.extra)
+
+    def check_layout(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, top_k: int,
+                     out: torch.Tensor) -> None:
+        """The layout lr_<family>_topk reads (see check_layout); a family adds its own limits."""
+        check_layout(self.name, logits, row_starts, row_ends, top_k, out)
 
     def supports(self, case: Case, device: torch.device) -> str | None:
         if device.type != "cuda":
@@ -67,7 +85,9 @@ class CudaKernel:
 
     def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                 top_k: int, out: torch.Tensor) -> KernelLaunch:
-        _check(self.name, logits, row_starts, row_ends, top_k, out)
+        if logits.device.type != "cuda":
+            raise KernelError(f"kernel {self.name}: logits on {logits.device}, expected a CUDA device")
+        self.check_layout(logits, row_starts, row_ends, top_k, out)
         fns = self._entry_points()
         rows, cols = logits.shape
         dtype = _DTYPE_CODE[logits.dtype]
@@ -82,15 +102,14 @@ class CudaKernel:
         return KernelLaunch(self.name, fns["topk"], args, logits.device, workspace, (logits, row_starts, row_ends, out))
 
 
-def _check(name: str, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, top_k: int,
-           out: torch.Tensor) -> None:
-    """The layout lr_<family>_topk reads: unit column strides, int32 contiguous bounds, one CUDA device."""
+def check_layout(name: str, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, top_k: int,
+                 out: torch.Tensor) -> None:
+    """The layout lr_<family>_topk reads: unit column strides, int32 contiguous bounds, all on the logits'
+    device. Only metadata is read: CPU and meta tensors are checked alike."""
 
     def bad(why: str) -> KernelError:
         return KernelError(f"kernel {name}: {why}")
 
-    if logits.device.type != "cuda":
-        raise bad(f"logits on {logits.device}, expected a CUDA device")
     if logits.dtype not in _DTYPE_CODE:
         raise bad(f"logits dtype {logits.dtype}, expected float32 or bfloat16")
     if logits.dim() != 2 or (logits.shape[1] > 1 and logits.stride(1) != 1):
@@ -121,3 +140,13 @@ class SplitCuda(CudaKernel):
     """A radix select with rows split over many blocks (`split.cu`), the bundled decode path."""
 
     name = "split"
+
+    def check_layout(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, top_k: int,
+                     out: torch.Tensor) -> None:
+        super().check_layout(logits, row_starts, row_ends, top_k, out)
+        rows, cols = logits.shape
+        parts = cpu_models.split_parts_bound(rows, cols, logits.element_size())
+        if parts > cpu_models.SPLIT_PLAN_ITEMS:
+            raise KernelError(f"kernel split: {rows} rows of up to {cols} columns may be cut into {parts} parts, "
+                              f"more than the {cpu_models.SPLIT_PLAN_ITEMS} its plan indexes; launch fewer rows "
+                              "at a time")

@@ -168,18 +168,30 @@ __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restri
   // The first pass's clear is followed by a barrier, which also publishes these counters. Candidates are
   // kept as float values for the rank-counting finish, as order-preserving keys for the radix select.
   const bool by_value = r < kRankRows;
-  bool collected = histogram_pass<0>(row, len, top_k, slots, 0u, by_value, s, status).count <= kFinal;
+  const lr::ThresholdBin t0 = histogram_pass<0>(row, len, top_k, slots, 0u, by_value, s, status);
+  bool collected = t0.count <= kFinal;
+  int passes = 1;
+  uint32_t last = t0.count;  // the work record's: the last pass's threshold bin
   if (!collected) {
     const lr::ThresholdBin t1 = histogram_pass<1>(row, len, top_k, slots, 0u, by_value, s, status);
     collected = t1.count <= kFinal;
+    passes = 2;
+    last = t1.count;
     if (!collected) {
       const uint32_t p1 = static_cast<uint32_t>(t1.bin) << 21;
       const lr::ThresholdBin t2 = histogram_pass<2>(row, len, top_k, slots, p1, by_value, s, status);
       collected = t2.count <= kFinal;
+      passes = 3;
+      last = t2.count;
       if (!collected) {
-        histogram_pass<3>(row, len, top_k, slots, p1 | (static_cast<uint32_t>(t2.bin) << 10), by_value, s, status);
+        passes = 4;
+        last = histogram_pass<3>(row, len, top_k, slots, p1 | (static_cast<uint32_t>(t2.bin) << 10), by_value, s,
+                                 status).count;
       }
     }
+  }
+  if constexpr (lr::kWorkRecord) {
+    if (threadIdx.x == 0) lr::add_work(lr::status_work(status) + r, passes, static_cast<int>(last));
   }
   if (collected) finish_candidates(r, top_k, slots, s);
   __syncthreads();
@@ -194,7 +206,9 @@ bool allow_slots() {
 
 }  // namespace
 
-LR_EXPORT long long lr_native_workspace_bytes(int, int, int, int) { return sizeof(LrStatus); }
+LR_EXPORT long long lr_native_workspace_bytes(int rows, int, int, int) {
+  return sizeof(LrStatus) + lr::work_bytes(rows);
+}
 
 // Bounded by the output slots staged in shared memory.
 LR_EXPORT int lr_native_max_top_k(int) { return kMaxTopK; }

@@ -1,24 +1,24 @@
 // split: a radix select whose rows are split over many blocks, the bundled decode path.
 //
 // Decode hands the top-k a few rows (batch x next_n) of a very wide matrix (max_model_len columns), each
-// row valid only up to its own sequence length. One block per row (native, deepselect, vLLM's
-// top_k_per_row_decode) then leaves most of the GPU idle while one block walks 128K elements; production
-// decode kernels (vLLM's persistent_topk and cooperative_topk) split a row over many blocks. So does this
-// family, balanced by the work that is actually there rather than by the matrix width:
+// row valid only up to its own sequence length. One block per row leaves most of the GPU idle while one
+// block walks 128K elements, so this kernel splits a row over many blocks, balanced by the work that is
+// actually there rather than by the matrix width:
 //
 // - One launch of as many blocks as can be resident at once (a cooperative launch guarantees it). With
 //   up to kSplitRows rows, every block first makes the same plan from the row bounds, read on the device
 //   (so one captured graph stays valid when they change): the valid elements of all rows are cut into
 //   items of about total / grid elements (at least kMinChunk, at most what the shared-memory key cache
-//   holds), a row longer than that into several equal parts. With more rows, each row is one item.
+//   holds), a row longer than that into several equal parts (at most the grid). With more rows, each row
+//   is one item.
 // - Blocks take items in order from a counter in the workspace, split rows' parts first (so that they
-//   start together), so a block that finished a short row takes the next item at once (its first one
-//   before the plan, whose work hides the counter's round trip). A block loads
-//   its item's keys into shared memory once (with several 16-byte loads in flight per thread; a whole
-//   row longer than the cache, possible only when rows are many, re-reads the rest) and counts their
-//   coarse bins on the way: sign, 5 exponent and 5 mantissa bits of magnitudes in [2^-16, 2^16), 32 bins
-//   per octave (magnitudes outside fall into the outermost bins). The bin holding the k-th largest key
-//   (its bucket) then holds a small fraction of the row on all but concentrated values.
+//   start together); a block that finished a short row takes the next item at once (its first one
+//   before the plan, whose work hides the counter's round trip). A block loads its item's keys into
+//   shared memory once (kLoadUnroll 16-byte loads in flight per thread; a whole row longer than the
+//   cache, possible only when rows are many, re-reads the rest) and counts their coarse bins on the way:
+//   sign, 5 exponent and 5 mantissa bits of magnitudes in [2^-16, 2^16), 32 bins per octave (magnitudes
+//   outside fall into the outermost bins). The bin holding the k-th largest key (its bucket) then holds
+//   a small fraction of the row on all but concentrated values.
 // - A small bucket is listed where that ends the row's select: two sweeps over the cache count, then
 //   write, every key above the bucket to the output and the bucket's keys to a list, then
 //   - a whole row's list (at most kListed keys, in shared memory) is finished by the shared-memory select
@@ -26,11 +26,8 @@
 //   - a split row's, when the plan has more items than the grid has blocks, goes to the row's slot in the
 //     workspace (at most kSlotPairs keys in the row) and is finished by the last part to leave while the
 //     others take their next items (a wait would idle a block that has other work).
-//   So normal scores take two sweeps over the cache after the load, where the old first digit (the top
-//   11 key bits, 4 bins per octave) took two digit rounds and two emit sweeps.
 // - Otherwise (one wave of items, nothing else to do) a split row's parts resolve the bucket together,
-//   like a large one. Its last part alone would be a serial tail of the launch (up to 1.22x slower on
-//   1-8 rows), and listing it first for rounds over the lists only adds the list's two sweeps.
+//   like a large one.
 // - A large bucket (x + 100, x * 1e-8, ties; magnitudes outside the window) is resolved 11 bits at a
 //   time over the cache (a round per digit, stopping as soon as the threshold digit's bucket is taken
 //   whole or holds one key value), then two sweeps emit the keys above it and the first of its keys
@@ -51,67 +48,54 @@
 // be one of its parts, more than the grid), so all of them are on blocks that are running, and that row
 // completes.
 //
-// Measured and not used (bench/FIDELITY.md, bench/RESULTS.md): the last part finishing every split row's
-// list (LR_SPLIT_FINISH=1: up to 1.22x slower on 1-8 rows), or the parts resolving it together whatever
-// the plan (LR_SPLIT_FINISH=2: up to 1.15x slower on 256-512 rows); parts resolving it together over
-// their lists instead of their caches (0.9 us more in the kernel on 1 row); items of at least 4096 keys
-// (up to 1.1x slower on 1-8 rows) or 8192; a block taking its next item as soon as its current one will
-// wait no more (a part of a split row then starts late, its row's other parts wait for it: up to 1.17x
-// slower on 256-512 rows); blocks of 256
-// threads, 4 per multiprocessor (up to 1.30x slower on 1-64 rows) or of 1024, one per multiprocessor with
-// a 192 KiB cache (1.1-1.3x slower); items of up to 2-8 caches' worth of keys, re-reading the rest (up to
-// 1.3x slower on 64-128 rows, at most 5% faster on 512); 8 loads in flight instead of 4 (no faster); when
-// emitting, a warp vote per key (1.1x slower), one pass with shared-memory slot counters (up to 1.18x
-// slower), or staging the item's slots in shared memory to store them coalesced (0.97-1.04x: the emit is
-// bound by its passes over the cache, not by its stores).
-//
-// Entry points, workspace and status: see topk_api.h.
+// Limit: the plan indexes items with 16 bits (PlanIndex); a launch whose plan could need more is
+// refused on the host (kernels.py, from the rows, the columns and the cache). Alternatives measured and
+// not kept: bench/RESULTS.md, "Kernel history". Entry points, workspace and status: see topk_api.h.
 #include "common.cuh"
 #include "topk_api.h"
 
-// Tunables, each overridable at build time (-DLR_SPLIT_CACHE_KB=... etc.) for the sweep of
-// bench/deepselect_tune.py --family split; bench/RESULTS.md has its measurements behind these values.
-#ifndef LR_SPLIT_THREADS
-#define LR_SPLIT_THREADS 512
-#endif
-#ifndef LR_SPLIT_BLOCKS
-#define LR_SPLIT_BLOCKS 2  // per multiprocessor: the register budget of __launch_bounds__
-#endif
-#ifndef LR_SPLIT_CACHE_KB
-#define LR_SPLIT_CACHE_KB 96  // an item's keys kept in shared memory: the most that leaves 2 blocks per SM
-#endif
-#ifndef LR_SPLIT_CHUNK_CACHES
-#define LR_SPLIT_CHUNK_CACHES 1  // an item's keys, in caches: the rest of a longer item is re-read per round
-#endif
-#ifndef LR_SPLIT_SHARE_DIV
-#define LR_SPLIT_SHARE_DIV 2  // with rows over grid / this, the plan spreads elements over grid / this
-#endif
-#ifndef LR_SPLIT_UNROLL
-#define LR_SPLIT_UNROLL 4  // 16-byte loads in flight per thread while an item is loaded
-#endif
-#ifndef LR_SPLIT_FINISH
-#define LR_SPLIT_FINISH 0  // who finishes a split row's small bucket: 0 by the plan, 1 its last part, 2 all its parts
-#endif
-#ifndef LR_SPLIT_MIN_CHUNK
-#define LR_SPLIT_MIN_CHUNK 2048  // the fewest keys in an item of a split row
-#endif
-
+// Tunables, each overridable at build time (-DLR_SPLIT_<NAME>=v) for the sweep of
+// bench/deepselect_tune.py --family split; bench/RESULTS.md has the measurements behind the defaults.
 namespace {
 
+#ifdef LR_SPLIT_THREADS
 constexpr int kThreads = LR_SPLIT_THREADS;
+#else
+constexpr int kThreads = 512;
+#endif
+#ifdef LR_SPLIT_BLOCKS
 constexpr int kBlocksPerSm = LR_SPLIT_BLOCKS;
-constexpr int kBins = 2048;  // 11-bit digits; shorter ones use the low bins
+#else
+constexpr int kBlocksPerSm = 2;  // the register budget of __launch_bounds__
+#endif
+#ifdef LR_SPLIT_CACHE_KB
 constexpr int kCacheBytes = LR_SPLIT_CACHE_KB << 10;
-constexpr int kChunkCaches = LR_SPLIT_CHUNK_CACHES;
+#else
+constexpr int kCacheBytes = 96 << 10;  // an item's keys kept in shared memory: the most that leaves 2 blocks per SM
+#endif
+#ifdef LR_SPLIT_SHARE_DIV
 constexpr int kShareDiv = LR_SPLIT_SHARE_DIV;
+#else
+constexpr int kShareDiv = 2;  // with rows over grid / this, the plan spreads elements over grid / this
+#endif
+#ifdef LR_SPLIT_UNROLL
 constexpr int kLoadUnroll = LR_SPLIT_UNROLL;
-constexpr int kFinish = LR_SPLIT_FINISH;
-constexpr int kMinChunk = LR_SPLIT_MIN_CHUNK;  // below this, splitting costs more in barriers than it saves
+#else
+constexpr int kLoadUnroll = 4;  // 16-byte loads in flight per thread while an item is loaded
+#endif
+#ifdef LR_SPLIT_MIN_CHUNK
+constexpr int kMinChunk = LR_SPLIT_MIN_CHUNK;
+#else
+constexpr int kMinChunk = 2048;  // the fewest keys in an item of a split row: fewer cost more in barriers
+#endif
+
+constexpr int kBins = 2048;  // 11-bit digits; shorter ones use the low bins
 constexpr int kSplitRows = 1024;  // more rows than this fill the GPU whole: rows are not split
 constexpr int kMaxTopK = 1 << 20;      // output goes straight to global memory: no slot staging limit
 constexpr int kSlotHist = 4 * kBins;   // words of a slot's histograms: the coarse round and up to 3 digits
 constexpr int kListed = kBins / 2;     // an item's coarse bucket keys listed: keys, then their indices
 constexpr int kSlotPairs = (kSlotHist - kBins) / 2;  // a split row's, in its slot after the coarse histogram
+using PlanIndex = uint16_t;  // the plan's item indices (see Smem::first): at most 65535 items
 
 // ------------------------------------------------------------------------------------ the coarse bins
 // The first digit of every key (see the header comment): a monotone map of the order-preserving 32-bit
@@ -249,9 +233,11 @@ struct Split {
     uint32_t hist[kBins];  // also, while listing, the bucket: kListed keys, then their indices
     // The plan: split rows' parts come first, row r's are items first[r] .. first[r + 1] - 1 (equal
     // bounds for a whole row); whole rows follow, row r is item splits + whole[r] (whole[r + 1] is then
-    // whole[r] + 1, equal for a split row). Items number at most rows + grid.
-    uint16_t first[kSplitRows + 1];
-    uint16_t whole[kSplitRows + 1];
+    // whole[r] + 1, equal for a split row). Items number at most rows + grid while the chunk is below
+    // the cache's keys, else at most rows x ceil(longest row / kCache): launches where that could pass
+    // 65535 items are refused on the host (16-bit indices keep 2 blocks per SM).
+    PlanIndex first[kSplitRows + 1];
+    PlanIndex whole[kSplitRows + 1];
     int splits;  // items that are parts of split rows
     unsigned long long scratch[kThreads / lr::kWarp];
     lr::ScanScratch<kThreads> scan;
@@ -320,8 +306,7 @@ struct Split {
     const long long grid = gridDim.x;
     const long long share = grid - rows > grid / kShareDiv ? grid - rows : grid / kShareDiv;
     long long chunk = (static_cast<long long>(total) + share - 1) / share;
-    constexpr long long kMaxChunk = static_cast<long long>(kChunkCaches) * kCache;
-    chunk = chunk < kMinChunk ? kMinChunk : chunk > kMaxChunk ? kMaxChunk : chunk;
+    chunk = chunk < kMinChunk ? kMinChunk : chunk > kCache ? kCache : chunk;
     unsigned long long split_mine = 0, whole_mine = 0;
     int parts[kPer];
 #pragma unroll
@@ -345,15 +330,15 @@ struct Split {
     for (int j = 0; j < kPer; ++j) {
       const int r = tid * kPer + j;
       if (r < rows) {
-        s.first[r] = static_cast<uint16_t>(at);
-        s.whole[r] = static_cast<uint16_t>(wat);
+        s.first[r] = static_cast<PlanIndex>(at);
+        s.whole[r] = static_cast<PlanIndex>(wat);
       }
       at += parts[j] > 1 ? parts[j] : 0;
       wat += parts[j] == 1;
     }
     if (tid == 0) {
-      s.first[rows] = static_cast<uint16_t>(splits);
-      s.whole[rows] = static_cast<uint16_t>(wholes);
+      s.first[rows] = static_cast<PlanIndex>(splits);
+      s.whole[rows] = static_cast<PlanIndex>(wholes);
       s.splits = static_cast<int>(splits);
       s.items = static_cast<int>(splits + wholes);
     }
@@ -375,9 +360,8 @@ struct Split {
   // every key in [lo, hi] to bucket(key, index, rank), its rank among the row's bucket keys reached (from
   // `ties`). A first sweep counts this thread's keys of each kind, two independent atomics reserve the
   // item's share of each, and the second writes them where the block's prefix sum puts them. Claiming
-  // slots per warp instead would be a round trip to global memory for every warp that takes a key.
-  // (Measured slower: a warp vote per key, to make each store instruction write consecutive slots, 1.1x;
-  // one sweep placing keys by shared-memory counters, up to 1.18x at k 2048.) Ends with a barrier.
+  // slots per warp instead would be a round trip to global memory for every warp that takes a key. Ends
+  // with a barrier.
   template <typename Bucket>
   __device__ static void emit(const Sweep& sweep, uint32_t lo, uint32_t hi, uint32_t* count, uint32_t* ties,
                               int* out_row, Smem& s, Bucket&& bucket) {
@@ -451,12 +435,15 @@ struct Split {
   __device__ static void item(int row, int part, int parts, const T* __restrict__ logits, long long row_stride,
                               const int* __restrict__ row_starts, const int* __restrict__ row_ends, int top_k,
                               int* __restrict__ out, long long out_stride, Slot* slots, LrStatus* status,
-                              Smem& s, Key* cache) {
+                              Smem& s, Key* cache, LrWork* record) {
     const int tid = threadIdx.x;
     const int start = row_starts[row];
     const int len = row_ends[row] - start;
     int* out_row = out + row * out_stride;
     const T* row_in = logits + row * row_stride + start;
+    if constexpr (lr::kWorkRecord) {
+      if (tid == 0) lr::add_work(record + row, 0, 1);  // a part
+    }
     if (len <= top_k) {
       lr::copy_short_row<kThreads, kLoadUnroll>(row_in, len, top_k, out_row, status);
       return;
@@ -495,7 +482,7 @@ struct Split {
     Sweep sweep{cache, src, n, lo};
     // How a small bucket is finished (see the header comment): listed, by this block or by a split row's
     // last part alone (when blocks have other items to take), or by all its parts together, digit by digit.
-    const bool alone = split && (kFinish == 0 ? s.items > static_cast<int>(gridDim.x) : kFinish == 1);
+    const bool alone = split && s.items > static_cast<int>(gridDim.x);
     uint32_t* const list = alone ? slot->hist + kBins : nullptr;  // keys (32-bit form), then indices
     if (tid == 0) s.listed = 0;
     __syncthreads();  // s.local, s.listed
@@ -512,6 +499,9 @@ struct Split {
         }
       });
       if (!split) {
+        if constexpr (lr::kWorkRecord) {
+          if (tid == 0) lr::add_work(record + row, 1, 0, 1);
+        }
         finish<kListed>(s.hist, t.count, need, tail, s);
         return;
       }
@@ -534,6 +524,9 @@ struct Split {
       b_hi = min(b_hi, prefix | ((1u << shift) - 1u));
       need -= t.above;
       in_bucket = t.count;
+    }
+    if constexpr (lr::kWorkRecord) {
+      if (tid == 0) lr::add_work(record + row, part == 0 ? rounds : 0, 0, listed);
     }
     // Emit: every key above the bucket to slots [0, top_k - need), the first `need` of its keys reached to
     // the slots after.
@@ -576,6 +569,7 @@ __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
   if (threadIdx.x == 0) s.next = static_cast<int>(atomicAdd(&work->next, 1u));
   S::plan(row_starts, row_ends, rows, top_k, s);  // ends with a barrier: s.next is published
   const bool whole = rows > kSplitRows;
+  LrWork* const record = reinterpret_cast<LrWork*>(slots + (whole ? 0 : rows));  // LR_WORK_RECORD builds only
   for (;;) {
     const int i = s.next;
     if (i >= s.items) {  // the last block to take resets the counter for the next launch
@@ -585,7 +579,7 @@ __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
     int row = i, part = 0, parts = 1;
     if (!whole) {  // the row whose items include i: the last r whose bound is at most i's place
       const bool split = i < s.splits;
-      const uint16_t* bound = split ? s.first : s.whole;
+      const PlanIndex* bound = split ? s.first : s.whole;
       const int at = split ? i : i - s.splits;
       int lo = 0, hi = rows;
       while (hi - lo > 1) {
@@ -597,7 +591,7 @@ __global__ __launch_bounds__(kThreads, kBlocksPerSm) void split_kernel(
       parts = split ? bound[row + 1] - bound[row] : 1;
     }
     S::item(row, part, parts, logits, row_stride, row_starts, row_ends, top_k, out, out_stride, slots, status, s,
-            cache);
+            cache, record);
     __syncthreads();  // shared memory is reused by the next item
     if (threadIdx.x == 0) s.next = static_cast<int>(atomicAdd(&work->next, 1u));
     __syncthreads();
@@ -637,7 +631,9 @@ int launch(const void* logits, long long row_stride, const int* row_starts, cons
 
 }  // namespace
 
-LR_EXPORT long long lr_split_workspace_bytes(int rows, int, int, int) { return workspace_size(rows > 0 ? rows : 0); }
+LR_EXPORT long long lr_split_workspace_bytes(int rows, int, int, int) {
+  return workspace_size(rows > 0 ? rows : 0) + lr::work_bytes(rows > 0 ? rows : 0);
+}
 
 LR_EXPORT int lr_split_max_top_k(int) { return kMaxTopK; }
 

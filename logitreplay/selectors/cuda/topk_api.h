@@ -57,6 +57,16 @@ struct LrStatus {
 };
 static_assert(sizeof(LrStatus) == 256, "the status header is 256 bytes");
 
+// The work record of a build with -DLR_WORK_RECORD (the tests' work build, build.py's WORK_FLAGS): one
+// LrWork per row at the end of the workspace (lr_<family>_workspace_bytes then counts them), to which
+// every launch adds what the row cost: the counters of the family's CPU model in
+// logitreplay/selectors/cpu_models.py (NativeWork, DeepSelectWork, SplitWork), in field order. The
+// caller zeroes it before the launch it reads. The default build has none of this code.
+struct LrWork {
+  uint32_t counters[4];
+};
+static_assert(sizeof(LrWork) == 16, "a work record is 16 bytes");
+
 // The three entry points of one family, declared for every bundled family below.
 #define LR_TOPK_ENTRY_POINTS(family)                                                                        \
   LR_EXPORT int lr_##family##_topk(const void* logits, int dtype, long long row_stride, const int* row_starts, \
