@@ -9,14 +9,27 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
+from logitreplay.archive import Case
 from logitreplay.cli import main
 from logitreplay.errors import DecisionError, SelectorError
+from logitreplay.replay.compare import AutoScore
 from logitreplay.replay.protocol import Timing, TimingProtocol
-from logitreplay.replay.recommend import fit_rule
+from logitreplay.replay.recommend import auto_summary, fit_reports, fit_rule, rule_device_mismatch
 from logitreplay.replay.results import CaseResult, ReplayResult, SelectorResult
-from logitreplay.selectors.auto import RULE_ENV, DispatchRule
+from logitreplay.selectors.auto import (
+    RULE_ENV,
+    AutoSelector,
+    DispatchRule,
+    Interval,
+    Override,
+    Scope,
+    parse_note,
+)
+from logitreplay.selectors.features import features
+from logitreplay.selectors.registry import build
 
 NO_RULE = {RULE_ENV: None}  # each invocation starts without one, and what it sets is undone after it
 
@@ -75,7 +88,7 @@ def test_decode_rules_run_over_rows() -> None:
     (scope,) = rule.scopes
     assert [(i.lo, i.hi, i.selector) for i in scope.intervals] == [(0, 64, "native"), (64, None, "deepselect")]
     assert rule.choose("float32", "decode", 63, 131072)[0] == "native"
-    assert rule.choose("float32", "decode", 64, 131072) == ("deepselect", "float32 decode, 64 <= rows 64")
+    assert rule.choose("float32", "decode", 64, 131072) == ("deepselect", "float32 decode, rows 64: rows >= 64")
 
 
 def test_choose_follows_the_intervals_at_their_edges() -> None:
@@ -132,3 +145,88 @@ def test_auto_dispatches_each_case_by_the_rule_it_was_given(tmp_path: Path) -> N
 def test_auto_without_a_rule_is_refused_in_one_line() -> None:
     res = CliRunner().invoke(main, ["replay", "--suite", "stress", "--selectors", "auto"], env=NO_RULE)
     assert res.exit_code == 2 and "the auto selector needs --rule RULE.json" in res.output
+
+
+def test_overrides_fitted_on_features_send_the_concentrated_cases_elsewhere_and_name_the_feature() -> None:
+    cases = [_case("n4k-a", 4096, 100, 200), _case("n4k-b", 4096, 110, 200), _case("n4k-c", 4096, 105, 190),
+             _case("plus100-4k", 4096, 2000, 210, source="normal+100"), _case("n16k", 16384, 400, 200)]
+    feats = {c.case_id: {"bin_load": 0.01, "fill": 1.0} for c in cases}
+    feats["plus100-4k"]["bin_load"] = 4.0
+    width_only = fit_rule(_result(*cases))
+    assert width_only.choose("float32", "prefill", 1024, 4096, feats["plus100-4k"])[0] == "native"
+    rule = fit_rule(_result(*cases), case_features=feats)
+    (o,) = rule.scopes[0].overrides
+    assert (o.feature, o.selector, o.cases, o.gained) == ("bin_load", "deepselect", ["plus100-4k"], 1)
+    assert 0.01 < o.at_least <= 4.0 and rule.features == ["bin_load"]
+    chosen, why = rule.choose("float32", "prefill", 1024, 4096, feats["plus100-4k"])
+    assert chosen == "deepselect" and why == f"float32 prefill, bin_load 4 >= {o.at_least:.3g}"
+    assert rule.choose("float32", "prefill", 1024, 4096, feats["n4k-a"]) == ("native", rule.choose(
+        "float32", "prefill", 1024, 4096)[1])  # below the threshold: the width decides, and says so
+    assert "cols 4096" in rule.choose("float32", "prefill", 1024, 4096)[1]
+
+
+def test_rules_with_overrides_round_trip_and_older_files_still_load(tmp_path: Path) -> None:
+    rule = DispatchRule(["native", "deepselect"], [Scope("float32", "prefill", [Interval(0, None, "native")],
+                                                         overrides=[Override("bin_load", 0.5, "deepselect", 2, ["x"])])],
+                        "native")
+    rule.save(tmp_path / "r.json")
+    assert DispatchRule.load(tmp_path / "r.json") == rule
+    data = json.loads((tmp_path / "r.json").read_text())
+    del data["scopes"][0]["overrides"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert DispatchRule.load(tmp_path / "old.json").scopes[0].overrides == []
+    data["scopes"][0]["overrides"] = [{"feature": "bin_load", "at_least": 1.0, "selector": "nosuch"}]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(SelectorError, match="nosuch"):
+        DispatchRule.load(tmp_path / "bad.json")
+
+
+def test_the_rule_reads_in_words() -> None:
+    one = fit_rule(_result(_case("a", 4096, 100, 200)))
+    assert one.describe()[0] == "rule float32 prefill: native for all cols"
+    two = fit_rule(_result(_case("a", 4096, 100, 200), _case("b", 16384, 400, 200)))
+    edge = two.scopes[0].intervals[0].hi
+    assert two.describe()[0] == f"rule float32 prefill: native for cols < {edge}; deepselect for cols >= {edge}"
+    assert not any("0 <=" in line for line in two.describe())
+    assert Interval(64, 128, "split").span("rows") == "64 <= rows < 128"
+
+
+def test_auto_summary_calls_the_largest_ratio_the_worst() -> None:
+    score = AutoScore(["native", "deepselect"], 1.03, cases=3, within=2, worst_ratio=1.2, worst_case="b")
+    assert auto_summary(score) == "within 3% on 2 of 3 cases (67%); worst 1.20x (b)"
+    faster = AutoScore(["native"], 1.03, cases=3, within=3, worst_ratio=0.4, worst_case="c")
+    assert "worst" not in auto_summary(faster) and "never slower than the fastest (largest ratio 0.40x, c)" in \
+        auto_summary(faster)
+
+
+def test_a_rule_fitted_on_one_kind_of_device_is_flagged_on_the_other() -> None:
+    cpu = fit_rule(ReplayResult("cpu", "t", TimingProtocol(), {}, "native", ["native", "deepselect"],
+                                [_case("a", 4096, 100, 200)]))
+    assert rule_device_mismatch(cpu, "cpu") is None
+    note = rule_device_mismatch(cpu, "cuda:0")
+    assert note is not None and "fitted on the CPU models' wall clock" in note and "cuda:0" in note
+    gpu = fit_rule(_result(_case("a", 4096, 100, 200)))
+    assert rule_device_mismatch(gpu, "cuda:1") is None and "H200" in str(rule_device_mismatch(gpu, "cpu"))
+
+
+def test_reports_with_different_selectors_fit_one_rule() -> None:
+    prefill = _result(_case("p", 4096, 100, 200))
+    decode = _case("d", 163840, 300, 200, kind="decode")
+    decode.results.append(SelectorResult("split", "ok", timing=Timing([100])))
+    rule = fit_reports([prefill, _result(decode)], ["native", "deepselect", "split"], {})
+    assert [(s.kind, s.intervals[0].selector) for s in rule.scopes] == [("decode", "split"), ("prefill", "native")]
+    assert rule.selectors == ["native", "deepselect", "split"]
+
+
+def test_auto_computes_the_features_its_rule_needs_and_notes_its_choice() -> None:
+    x = torch.randn(8, 2048, generator=torch.Generator().manual_seed(0)) + 100  # one fp16 bin holds the top
+    case = Case.from_matrix("plus100", x, torch.zeros(8, dtype=torch.int32), torch.full((8,), 2048), top_k=64)
+    assert features(case)["bin_load"] > 1
+    rule = DispatchRule(["native", "deepselect"], [Scope("float32", "prefill", [Interval(0, None, "native")],
+                                                         overrides=[Override("bin_load", 0.5, "deepselect")])],
+                        "native")
+    auto = AutoSelector(rule, {n: build(n) for n in rule.selectors})
+    assert auto.supports(case, torch.device("cpu")) is None
+    assert parse_note(auto.note(case)) == ("deepselect", f"float32 prefill, bin_load {features(case)['bin_load']:.3g}"
+                                                         " >= 0.5")
+    assert parse_note("unsupported: no") is None

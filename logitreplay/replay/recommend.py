@@ -17,6 +17,13 @@ distribution beside several ordinary ones follows the ordinary ones, and the adv
 listed where it overturns the rule. Neighbouring widths with one winner merge into one interval; a
 boundary sits at the interpolated crossing of the two winners (log width vs log ratio), with the cases
 and the margins (median over the cases there of loser / winner) at both bounding widths.
+
+Given each case's distribution features (`selectors/features.py`), the fit then adds overrides to each
+scope, greedily: the (feature, threshold, selector) that most improves the scope's score (cases within
+3% of their fastest, then the worst ratio, then the geometric mean ratio) when every case at or above
+the threshold goes to that selector, up to `MAX_OVERRIDES`, each kept only where it improves the score.
+Thresholds lie between two measured feature values (their geometric middle, rounded), so a rule never
+claims a threshold no measured case bounds.
 """
 
 from __future__ import annotations
@@ -28,11 +35,23 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from logitreplay.errors import DecisionError
+from logitreplay.replay.compare import AutoScore
 from logitreplay.replay.results import CaseResult, ReplayResult
-from logitreplay.selectors.auto import Boundary, Crossover, DispatchRule, Interval, Overturn, Scope, position
+from logitreplay.selectors.auto import (
+    Boundary,
+    Crossover,
+    DispatchRule,
+    Interval,
+    Override,
+    Overturn,
+    Scope,
+    position,
+)
 
 # A selector within this factor of a case's fastest counts as as good as the fastest there.
 NEAR_BEST = 1.03
+MAX_OVERRIDES = 3
+Features = dict[str, dict[str, float]]  # case id -> feature -> value
 
 
 @dataclass
@@ -130,9 +149,11 @@ def _rule(pair: PairRule, widths: list[int], y: dict[int, float]) -> str:
     return f"{scope}, {pair.a} vs {pair.b}: " + ", ".join(parts) + f" [{bounds}]"
 
 
-def fit_rule(result: ReplayResult, candidates: list[str] | None = None) -> DispatchRule:
+def fit_rule(result: ReplayResult, candidates: list[str] | None = None,
+             case_features: Features | None = None) -> DispatchRule:
     """The dispatch rule over `candidates` (default: every selector but `auto`), per dtype and kind,
-    from the valid cases every candidate was timed on (see the module docstring)."""
+    from the valid cases every candidate was timed on, with overrides where `case_features` (per case
+    id) are given (see the module docstring)."""
     names = [s for s in (candidates or result.selectors) if s != "auto"]
     cases = [c for c in result.cases if not c.invalid and all(c.timed(s) for s in names)]
     if len(names) < 1 or not cases:
@@ -140,7 +161,10 @@ def fit_rule(result: ReplayResult, candidates: list[str] | None = None) -> Dispa
                             "to fit a dispatch rule on")
     scopes = []
     for dtype, kind in sorted({(c.dtype, c.kind) for c in cases}):
-        scopes.append(_fit_scope([c for c in cases if (c.dtype, c.kind) == (dtype, kind)], names, dtype, kind))
+        mine = [c for c in cases if (c.dtype, c.kind) == (dtype, kind)]
+        scopes.append(_fit_scope(mine, names, dtype, kind))
+        if case_features:
+            _fit_overrides(scopes[-1], mine, names, case_features)
     default = _best(cases, names)
     return DispatchRule(names, scopes, default, {"device": result.device, "gpu": result.environment.get("gpu"),
                                                  "inputs": result.environment.get("inputs"),
@@ -204,3 +228,134 @@ def _fit_scope(cases: list[CaseResult], names: list[str], dtype: str, kind: str)
             if faster != best[w] and margin > NEAR_BEST:
                 scope.overturned.append(Overturn(source, w, best[w], faster, margin, [c.case_id for c in mine]))
     return scope
+
+
+def ratio_to_best(case: CaseResult, chosen: str, names: list[str]) -> float:
+    """time(chosen) / time(fastest of names) on a case where all were timed (>= 1)."""
+    return _median(case, chosen) / min(_median(case, n) for n in names)
+
+
+def score(rule: DispatchRule, cases: list[CaseResult], names: list[str],
+          case_features: Features) -> tuple[int, float, float]:
+    """(cases within NEAR_BEST of their fastest, -worst ratio, -sum of log ratios): larger is better."""
+    ratios = [ratio_to_best(c, rule.choose(c.dtype, c.kind, c.rows, c.cols, case_features.get(c.case_id))[0], names)
+              for c in cases]
+    return sum(r <= NEAR_BEST for r in ratios), -max(ratios), -sum(math.log(r) for r in ratios)
+
+
+def _thresholds(values: list[float]) -> list[float]:
+    """A threshold between each two neighbouring measured values: their geometric middle (arithmetic
+    where the lower is not positive), rounded to 2 significant digits when that stays between them."""
+    out = []
+    for a, b in itertools.pairwise(sorted(set(values))):
+        mid = math.sqrt(a * b) if a > 0 else (a + b) / 2
+        short = float(f"{mid:.2g}")
+        out.append(short if a < short <= b else mid)
+    return out
+
+
+def _fit_overrides(scope: Scope, cases: list[CaseResult], names: list[str], case_features: Features) -> None:
+    rule = DispatchRule(names, [scope], names[0])
+    known = [c for c in cases if c.case_id in case_features]
+    if not known:
+        return
+    feats = sorted({f for c in known for f in case_features[c.case_id]})
+    for _ in range(MAX_OVERRIDES):
+        now = score(rule, known, names, case_features)
+        best: tuple[tuple[int, float, float], Override] | None = None
+        for feature in feats:
+            values = [case_features[c.case_id][feature] for c in known if feature in case_features[c.case_id]]
+            for at_least in _thresholds(values):
+                for name in names:
+                    scope.overrides.append(Override(feature, at_least, name))
+                    got = score(rule, known, names, case_features)
+                    scope.overrides.pop()
+                    if got > now and (best is None or got > best[0]):
+                        best = (got, Override(feature, at_least, name))
+        if best is None:
+            return
+        got, override = best
+        before = {c.case_id: rule.choose(c.dtype, c.kind, c.rows, c.cols, case_features[c.case_id])[0] for c in known}
+        scope.overrides.append(override)
+        override.gained = got[0] - now[0]
+        override.cases = [c.case_id for c in known
+                          if rule.choose(c.dtype, c.kind, c.rows, c.cols, case_features[c.case_id])[0]
+                          != before[c.case_id]]
+
+
+def fit_reports(results: list[ReplayResult], candidates: list[str], case_features: Features) -> DispatchRule:
+    """One rule from several replays whose selectors differ (a prefill suite without `split`, decode suites
+    with it): per dtype and kind, over the candidates that cover the most of its cases (then the most
+    candidates), fitted with overrides on `case_features`. The default is the largest scope's."""
+    cases = [c for r in results for c in r.cases if not c.invalid]
+    scopes: list[Scope] = []
+    used: list[str] = []
+    largest: tuple[int, str] = (0, candidates[0])
+    for dtype, kind in sorted({(c.dtype, c.kind) for c in cases}):
+        mine = [c for c in cases if (c.dtype, c.kind) == (dtype, kind)]
+        subsets = [list(s) for n in range(len(candidates), 0, -1) for s in itertools.combinations(candidates, n)]
+        names = max(subsets, key=lambda s: (sum(all(c.timed(n) for n in s) for c in mine), len(s)))
+        covered = [c for c in mine if all(c.timed(n) for n in names)]
+        if not covered:
+            continue
+        scope = _fit_scope(covered, names, dtype, kind)
+        _fit_overrides(scope, covered, names, case_features)
+        scopes.append(scope)
+        used += [n for n in names if n not in used]
+        largest = max(largest, (len(covered), _best(covered, names)))
+    if not scopes:
+        raise DecisionError(f"no case was timed on any of {', '.join(candidates)}; nothing to fit a dispatch rule on")
+    first = results[0]
+    return DispatchRule(used, scopes, largest[1], {
+        "device": first.device, "gpu": first.environment.get("gpu"),
+        "inputs": [i for r in results for i in r.environment.get("inputs") or []],
+        "protocol": first.protocol.to_json(), "cases": sum(len(c.cases) for c in results)})
+
+
+@dataclass
+class Evaluated:
+    """The rule on one measured case: what it chose and why, and chosen / fastest (None: the chosen
+    selector was not timed there); `width_ratio` the same for the width rule alone."""
+
+    case_id: str
+    chosen: str
+    why: str
+    ratio: float | None
+    width_ratio: float | None
+
+
+def evaluate(rule: DispatchRule, result: ReplayResult, case_features: Features) -> list[Evaluated]:
+    """The rule replayed on a report's measurements, case by case, against the fastest of its selectors
+    timed on each case."""
+    out = []
+    for c in result.cases:
+        names = [n for n in rule.selectors if c.timed(n)]
+        if c.invalid or not names:
+            continue
+        chosen, why = rule.choose(c.dtype, c.kind, c.rows, c.cols, case_features.get(c.case_id))
+        width = rule.choose(c.dtype, c.kind, c.rows, c.cols)[0]
+        out.append(Evaluated(c.case_id, chosen, why, ratio_to_best(c, chosen, names) if chosen in names else None,
+                             ratio_to_best(c, width, names) if width in names else None))
+    return out
+
+
+def auto_summary(score: AutoScore) -> str:
+    """`within 3% on 8 of 12 cases (67%); worst 1.39x (case)`: worst is the largest ratio of auto's time to
+    the per-case fastest. A ratio below 1 (auto timed faster than the selector it ran: noise) is no one's
+    worst case, so a run whose every ratio is below 1 says that instead."""
+    head = f"within 3% on {score.within} of {score.cases} cases ({score.within / score.cases:.0%}); "
+    worst = score.worst_ratio or 0.0
+    if worst < 1:
+        return head + f"never slower than the fastest (largest ratio {worst:.2f}x, {score.worst_case})"
+    return head + f"worst {worst:.2f}x ({score.worst_case})"
+
+
+def rule_device_mismatch(rule: DispatchRule, device: str) -> str | None:
+    """Why a rule measured on one kind of device (the CPU models' wall clock, or a GPU's kernels) says
+    nothing about the other it dispatches on, or None when both are the same kind."""
+    fitted = str(rule.fitted_on.get("device") or "")
+    if not fitted or fitted.split(":")[0] == device.split(":")[0]:
+        return None
+    where = "the CPU models' wall clock" if fitted.startswith("cpu") else f"{fitted} ({rule.fitted_on.get('gpu')})"
+    return (f"the dispatch rule was fitted on {where} and is applied on {device}: its choices are not "
+            "measurements of this device (fit one here with --rule-out)")

@@ -7,8 +7,11 @@ prefill, and the rows, batch x next_n, for decode: every decode case is max_mode
 what vLLM's own decode dispatch looks at), the boundaries between them with
 the cases and margins measured on both sides, and the places where one distribution overturns the width
 rule (a faster selector there than the interval names). `auto` dispatches on what serving can see at
-dispatch time, dtype, kind and width; an overturn is a warning in the artifact, not a dispatch input,
-since serving cannot look at the scores' distribution before selecting.
+dispatch time, dtype, kind and width, and then on the distribution features of the case's rows
+(`selectors/features.py`, computed from a sample of rows) where the fit found a feature that moves
+cases to a faster selector: each scope's `overrides`, taken in order, the first whose feature is at or
+above its threshold deciding. Every choice names what decided it: the width (rows) interval, or the
+feature and its value. An overturn is a note in the artifact, not a dispatch input.
 
 `--selectors auto --rule RULE.json` builds `auto` through the registry like any selector: the command
 puts the rule's path in `LOGITREPLAY_DISPATCH_RULE` (so isolated children find it too), and the factory
@@ -28,6 +31,7 @@ import torch
 from logitreplay.archive import Case
 from logitreplay.errors import SelectorError
 from logitreplay.selectors.base import Launch, Selector
+from logitreplay.selectors.features import features
 
 SCHEMA = "logitreplay.dispatch/1"
 RULE_ENV = "LOGITREPLAY_DISPATCH_RULE"
@@ -49,6 +53,24 @@ class Interval:
     lo: int
     hi: int | None
     selector: str
+
+    def span(self, name: str) -> str:
+        """The interval in words: `all cols`, `cols < 8192`, `cols >= 8192`, `4096 <= cols < 8192`."""
+        if self.lo <= 0:
+            return f"all {name}" if self.hi is None else f"{name} < {self.hi}"
+        return f"{name} >= {self.lo}" if self.hi is None else f"{self.lo} <= {name} < {self.hi}"
+
+
+@dataclass
+class Override:
+    """Cases whose `feature` is at least `at_least` go to `selector`, whatever their interval; fitted where
+    it brought `gained` more of the fitted cases (`cases`) within 3% of their fastest."""
+
+    feature: str
+    at_least: float
+    selector: str
+    gained: int = 0
+    cases: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -96,6 +118,7 @@ class Scope:
     intervals: list[Interval]
     boundaries: list[Boundary] = field(default_factory=list)
     overturned: list[Overturn] = field(default_factory=list)
+    overrides: list[Override] = field(default_factory=list)
 
 
 @dataclass
@@ -108,17 +131,43 @@ class DispatchRule:
     default: str
     fitted_on: dict[str, Any] = field(default_factory=dict)
 
-    def choose(self, dtype: str, kind: str, rows: int, cols: int) -> tuple[str, str]:
-        """(selector, why) for a case of this dtype, kind and shape."""
+    @property
+    def features(self) -> list[str]:
+        """The distribution features some override looks at (none: the rule sees widths only)."""
+        return sorted({o.feature for s in self.scopes for o in s.overrides})
+
+    def choose(self, dtype: str, kind: str, rows: int, cols: int,
+               case_features: dict[str, float] | None = None) -> tuple[str, str]:
+        """(selector, why) for a case of this dtype, kind and shape and these distribution features
+        (None: the width rule alone); `why` names what decided: the interval, or a feature and its value."""
         scope = next((s for s in self.scopes if s.dtype == dtype and s.kind == kind), None)
         if scope is None:
             return self.default, f"no rule for {dtype} {kind}: default {self.default}"
+        for o in scope.overrides:
+            value = (case_features or {}).get(o.feature)
+            if value is not None and value >= o.at_least:
+                return o.selector, f"{dtype} {kind}, {o.feature} {value:.3g} >= {o.at_least:.3g}"
         at, name = position(kind, rows, cols), axis(kind)
         for iv in scope.intervals:
             if iv.lo <= at and (iv.hi is None or at < iv.hi):
-                upper = "" if iv.hi is None else f" < {iv.hi}"
-                return iv.selector, f"{dtype} {kind}, {iv.lo} <= {name} {at}{upper}"
+                return iv.selector, f"{dtype} {kind}, {name} {at}: {iv.span(name)}"
         return self.default, f"no interval of {dtype} {kind} holds {name} {at}: default {self.default}"
+
+    def describe(self) -> list[str]:
+        """The rule in words, a line per scope, override, boundary and overturn (indented under its scope)."""
+        lines = []
+        for scope in self.scopes:
+            name = axis(scope.kind)
+            lines.append(f"rule {scope.dtype} {scope.kind}: "
+                         + "; ".join(f"{iv.selector} for {iv.span(name)}" for iv in scope.intervals))
+            lines += [f"  but {o.selector} where {o.feature} >= {o.at_least:.3g} ({len(o.cases)} fitted cases "
+                      f"moved, {o.gained} more within 3%)" for o in scope.overrides]
+            lines += [f"  boundary {b.width:.0f}: {b.below} {b.margin_below:.2f}x faster at {b.lower_width}, "
+                      f"{b.above} {b.margin_above:.2f}x faster at {b.upper_width}" for b in scope.boundaries]
+            lines += [f"  overturned at {name} {o.position} by {o.source}: {o.faster} {o.margin:.2f}x faster than "
+                      f"{o.rule_selector} ({len(o.cases)} cases)" for o in scope.overturned]
+        lines.append(f"default (a dtype or kind without a rule): {self.default}")
+        return lines
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -129,9 +178,11 @@ class DispatchRule:
             raise ValueError(f"schema {d.get('schema')!r}, expected {SCHEMA!r}")
         scopes = [Scope(s["dtype"], s["kind"], [Interval(**i) for i in s["intervals"]],
                         [Boundary(**b) for b in s.get("boundaries", [])],
-                        [Overturn(**o) for o in s.get("overturned", [])]) for s in d["scopes"]]
+                        [Overturn(**o) for o in s.get("overturned", [])],
+                        [Override(**o) for o in s.get("overrides", [])]) for s in d["scopes"]]
         rule = cls(list(d["selectors"]), scopes, str(d["default"]), dict(d.get("fitted_on", {})))
-        named = {rule.default} | {i.selector for s in scopes for i in s.intervals}
+        named = ({rule.default} | {i.selector for s in scopes for i in s.intervals}
+                 | {o.selector for s in scopes for o in s.overrides})
         if not named <= set(rule.selectors):
             raise ValueError(f"names selectors not in its list: {', '.join(sorted(named - set(rule.selectors)))}")
         return rule
@@ -152,8 +203,9 @@ class DispatchRule:
 class AutoSelector:
     """Dispatches each case to the selector its rule names; `choices[case_id]` = (selector, why).
 
-    `supports` makes the choice (it is the only call that sees the case) and `prepare` delegates to the
-    chosen selector, so the timed launch is that selector's own launch."""
+    `supports` makes the choice (it is the only call that sees the case: the features are computed there,
+    untimed, only when the rule has overrides) and `prepare` delegates to the chosen selector, so the
+    timed launch is that selector's own launch; `note` puts the choice in the case's result."""
 
     name = "auto"
 
@@ -164,17 +216,30 @@ class AutoSelector:
         self._chosen: Selector | None = None
 
     def supports(self, case: Case, device: torch.device) -> str | None:
-        name, why = self.rule.choose(case.dtype, case.kind, case.rows, case.cols)
+        seen = features(case) if self.rule.features else None
+        name, why = self.rule.choose(case.dtype, case.kind, case.rows, case.cols, seen)
         self.choices[case.case_id] = (name, why)
         self._chosen = self.selectors[name]
         reason = self._chosen.supports(case, device)
         return None if reason is None else f"chose {name} ({why}), which does not support it: {reason}"
+
+    def note(self, case: Case) -> str:
+        name, why = self.choices[case.case_id]
+        return f"chose {name} ({why})"
 
     def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                 top_k: int, out: torch.Tensor) -> Launch:
         if self._chosen is None:
             raise SelectorError("auto: prepare before supports (no case chosen)")
         return self._chosen.prepare(logits, row_starts, row_ends, top_k, out)
+
+
+def parse_note(reason: str | None) -> tuple[str, str] | None:
+    """(selector, why) from a result's reason when it is auto's note (`chose NAME (WHY)`), else None."""
+    if not reason or not reason.startswith("chose ") or not reason.endswith(")") or " (" not in reason:
+        return None
+    name, why = reason.removeprefix("chose ").split(" (", 1)
+    return name, why[:-1]
 
 
 def from_environment() -> AutoSelector:
@@ -188,5 +253,5 @@ def from_environment() -> AutoSelector:
     return AutoSelector(rule, {name: build(name) for name in rule.selectors})
 
 
-__all__ = ["RULE_ENV", "SCHEMA", "AutoSelector", "Boundary", "Crossover", "DispatchRule", "Interval", "Overturn", "Scope", "axis",
-           "from_environment", "position"]
+__all__ = ["RULE_ENV", "SCHEMA", "AutoSelector", "Boundary", "Crossover", "DispatchRule", "Interval", "Override",
+           "Overturn", "Scope", "axis", "from_environment", "parse_note", "position"]
