@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -18,6 +19,8 @@ from logitreplay.cli import decisions
 from logitreplay.cli.common import STDOUT, check_file_target, json_option, progress, user_errors
 from logitreplay.datasets import synth
 from logitreplay.replay import ReplayConfig, ReplayResult, TimingProtocol, report, run_replay, write_json
+from logitreplay.replay.distributed import in_rank, start, supervising
+from logitreplay.replay.distributed import replay as replay_rank
 from logitreplay.replay.protocol import CPU_ROUNDS, CPU_WARMUP
 from logitreplay.replay.results import validate
 from logitreplay.replay.run import DEFAULT_SELECTORS, default_device
@@ -172,6 +175,9 @@ def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
               metavar="RULE.json", help="The dispatch rule the 'auto' selector follows (from --rule-out).")
 @click.option("--strict", is_flag=True, help="Exit 1 when a selector failed verification or raised, or a "
               "case was invalid (without it such a run ends with a RESULTS FAILED line and exit 0).")
+@click.option("--devices", default=None, metavar="0,1,...", help="One rank per listed device of this machine (on "
+              "CPU: per entry), each replaying a cost-balanced share of the cases; one report, with a ranks "
+              "section (torchrun -m logitreplay replay does the same across machines: docs/distributed.md).")
 @user_errors
 def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None, names: str,
                specs: tuple[str, ...], baseline: str | None, case_globs: tuple[str, ...],
@@ -179,7 +185,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                timer: str | None, l2: str | None, poison_text: str, json_out: str | None,
                csv_path: Path | None, plot_path: Path | None, wide: bool, recommend: bool, isolate: bool,
                timeout_s: float | None, controls: tuple[str, ...], per_forward: bool, rule_out: Path | None,
-               rule_path: Path | None, strict: bool) -> None:
+               rule_path: Path | None, strict: bool, devices: str | None) -> None:
     """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
     control suite against top-k selectors: verify every selector's output, time the verified ones, and
     print a table of median times and ratios to a baseline."""
@@ -190,7 +196,11 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     config = ReplayConfig(locations, suite, scale, selectors, baseline, case_globs, case_regex, controls,
                           device=device, warmup=warmup, rounds=rounds, timer=timer, l2=l2,  # type: ignore[arg-type]
                           poison=_poison(poison_text), isolate=isolate, timeout_s=timeout_s, rule_path=rule_path)
-    run = run_replay(config, progress)
+    if devices is not None or supervising():
+        raise SystemExit(start(devices, config, sys.argv[1:]))
+    run = replay_rank(config, progress) if in_rank() else run_replay(config, progress)
+    if run is None:  # a rank other than 0: rank 0 writes the report
+        return
     result = run.result
     console = _console(json_out)
     report.print_report(result, console, wide)

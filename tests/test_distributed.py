@@ -1,0 +1,147 @@
+"""A replay over ranks on CPU with torch.distributed's store: `replay --devices` and `torchrun -m
+logitreplay replay` give the single-process report case for case (statuses, checks, selectors, order),
+plus a ranks section; the shares are deterministic and cost-balanced; a killed rank loses only the case
+it was in, and the report says which."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from logitreplay.archive import Case
+from logitreplay.cli import main
+from logitreplay.replay.distributed import shard
+from logitreplay.replay.merge import differences
+from logitreplay.replay.results import ReplayResult, read_json
+from logitreplay.replay.sources import case_costs, open_cases
+from logitreplay.selectors.reference import ReferenceSelector
+from tests.test_merge import tiny_archive
+
+ROOT = Path(__file__).resolve().parents[1]
+KILL_ENV = "LOGITREPLAY_TEST_KILL_CASE"
+
+
+class _Killer(ReferenceSelector):
+    """The reference, except that it kills its own process (SIGKILL) on the case named in KILL_ENV."""
+
+    name = "killer"
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        if case.case_id == os.environ.get(KILL_ENV):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().supports(case, device)
+
+
+def make_killer() -> _Killer:
+    return _Killer()
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return tiny_archive(tmp_path_factory.mktemp("ranks") / "a.zarr", cases=8)
+
+
+@given(st.lists(st.integers(0, 10**9), max_size=40), st.integers(1, 6))
+def test_shares_are_deterministic_disjoint_and_balanced(costs: list[int], world: int) -> None:
+    shares = shard(costs, world)
+    assert shares == shard(costs, world) and len(shares) == world
+    assert sorted(i for s in shares for i in s) == list(range(len(costs)))
+    assert all(s == sorted(s) for s in shares)
+    loads = [sum(costs[i] for i in s) for s in shares]
+    assert max(loads) - min(loads) <= max(costs, default=0)  # each item went to the least loaded rank
+
+
+def test_costs_list_the_cases_open_cases_replays_by_their_bytes(archive: str) -> None:
+    entries, pinned = case_costs([archive], None, "small", controls=("matched",), case_globs=("t[1-6]",))
+    stream, total, opened = open_cases([archive], None, "small", controls=("matched",), case_globs=("t[1-6]",))
+    assert [cid for e in entries for cid in e.ids] == [c.case_id for c in stream]
+    assert total == 12 and pinned == opened
+    # t1..t6: 8..28 rows of 128, 192, 64, ... columns of float32 and 8 selected per row, for the case and its control
+    assert [e.cost for e in entries] == [2 * r * (c * 4 + 32) for r, c in
+                                         zip(range(8, 29, 4), [128, 192, 64, 128, 192, 64], strict=True)]
+
+
+def _replay(archive: str, out: Path, *extra: str, env: dict[str, str] | None = None,
+            launcher: tuple[str, ...] = (sys.executable, "-m", "logitreplay")) -> subprocess.CompletedProcess[str]:
+    cmd = [*launcher, "replay", archive, "--device", "cpu", "--selectors", "reference", "--selector",
+           "tests.test_distributed:make_killer", "--rounds", "1", "--json", str(out), *extra]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def single(archive: str, tmp_path_factory: pytest.TempPathFactory) -> ReplayResult:
+    out = tmp_path_factory.mktemp("single") / "one.json"
+    done = _replay(archive, out)
+    assert done.returncode == 0, done.stderr
+    return read_json(out)
+
+
+def _check_ranks(report: ReplayResult, world: int) -> None:
+    """Every case in exactly one rank's share, the shares the deterministic cost-balanced ones."""
+    assert [r["rank"] for r in report.ranks] == list(range(world))
+    assert sorted(c for r in report.ranks for c in r["cases"]) == sorted(c.case_id for c in report.cases)
+    entries, _ = case_costs(report.environment["inputs"], None, "small")
+    ids = [e.ids[0] for e in entries]
+    assert [r["cases"] for r in report.ranks] == [[ids[i] for i in s] for s in shard([e.cost for e in entries], world)]
+
+
+@pytest.mark.slow
+def test_four_cpu_ranks_give_the_single_process_report(archive: str, single: ReplayResult, tmp_path: Path) -> None:
+    done = _replay(archive, tmp_path / "four.json", "--devices", "0,1,2,3")
+    assert done.returncode == 0, done.stderr
+    four = read_json(tmp_path / "four.json")
+    assert differences(single, four) == []
+    assert {r.status for c in four.cases for r in c.results} == {"ok"}
+    _check_ranks(four, 4)
+    assert all(r["device"] == "cpu" and r["gpu"] is None and r["lost"] == [] for r in four.ranks)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_loses_only_its_case_in_progress(archive: str, single: ReplayResult, tmp_path: Path) -> None:
+    done = _replay(archive, tmp_path / "k.json", "--devices", "0,1", "--strict", env={KILL_ENV: "t3"})
+    assert done.returncode == 1 and "--strict: 1 failed, errored or invalid: t3 (invalid)" in done.stderr
+    report = read_json(tmp_path / "k.json")
+    lost = next(c for c in report.cases if c.case_id == "t3")
+    (rank,) = [r for r in report.ranks if "t3" in r["cases"]]
+    assert lost.invalid == f"lost: rank {rank['rank']} (cpu on {rank['host']}) was killed by SIGKILL during this case"
+    assert rank["lost"] == ["t3"] and all(r["lost"] == [] for r in report.ranks if r is not rank)
+    assert [c.case_id for c in report.cases] == [c.case_id for c in single.cases]
+    others = ReplayResult.from_json(report.to_json())
+    others.cases = [c for c in others.cases if c.case_id != "t3"]
+    others.notes = [n for n in others.notes if "died during case t3" not in n]
+    whole = ReplayResult.from_json(single.to_json())
+    whole.cases = [c for c in whole.cases if c.case_id != "t3"]
+    assert differences(whole, others) == []
+    assert len(report.notes) == len(single.notes) + 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun is not installed beside this python")
+def test_torchrun_gives_the_single_process_report(archive: str, single: ReplayResult, tmp_path: Path) -> None:
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    done = _replay(archive, tmp_path / "t.json", launcher=(torchrun, "--nproc-per-node", "2", "-m", "logitreplay"))
+    assert done.returncode == 0, done.stderr
+    report = read_json(tmp_path / "t.json")
+    assert differences(single, report) == []
+    _check_ranks(report, 2)
+
+
+def test_devices_is_checked_before_any_rank_starts(archive: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    res = CliRunner().invoke(main, ["replay", archive, "--device", "cpu", "--devices", "0,0"])
+    assert res.exit_code == 1 and "--devices 0,0: expected distinct device numbers" in res.output
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    res = CliRunner().invoke(main, ["replay", archive, "--device", "cpu", "--devices", "0,1"])
+    assert res.exit_code == 1 and "under torchrun leave it out" in res.output
