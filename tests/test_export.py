@@ -129,7 +129,7 @@ def test_cli_export_import_round_trip_and_refusals(tmp_path: Path) -> None:
     r = runner.invoke(main, ["export", str(tmp_path / "src.zarr"), "--out", str(out), "--overwrite", "--json"])
     assert r.exit_code == 0 and len(json.loads(r.output)["files"]) == 2
     r = runner.invoke(main, ["export", str(tmp_path / "src.zarr"), "--out", str(out), "--case", "nope"])
-    assert r.exit_code == 1 and r.output.startswith("Error: case nope")
+    assert r.exit_code == 1 and r.output.startswith("Error: --case nope: matches none")
 
     files = sorted(str(p) for p in out.iterdir())
     r = runner.invoke(main, ["import", *files, "--out", str(tmp_path / "back.zarr")])

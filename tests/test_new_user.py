@@ -132,6 +132,7 @@ def test_the_table_fits_80_columns_without_splitting_numbers_or_the_fast_path_no
     table_rows = [line for line in lines if re.match(r"(a|b|c)-normal", line)]
     assert len(table_rows) == 5  # one line per case: no cell wrapped
     assert "b-normaltimes1e-8" in text and "4297~" in text and "1895" in text  # ms, whole, marked when noisy
+    assert all(line == line.rstrip() for line in lines)
     assert [line for line in lines if "fast path" in line] == [
         "DS fast path (vLLM): not for 1 case: row stride not 1024-byte aligned"]
     assert "selectors: ref = reference, nat = native, dsel = deepselect" in text
@@ -190,8 +191,9 @@ def test_failed_verification_without_strict_ends_with_results_failed(archive: st
     res = cli("replay", archive, "--selectors", "reference", "--selector", "tests.plugins:make_duplicate",
               "--rounds", "1")
     assert res.exit_code == 0
-    assert res.output.strip().splitlines()[-1].startswith("RESULTS FAILED")
-    assert "2 failed verification" in res.output
+    last = res.output.strip().split("\nRESULTS FAILED")[-1]  # the last paragraph, wrapped within 80 columns
+    assert "RESULTS FAILED" not in last and "2 failed verification" in last and "(2 cases x 2 selectors)" in last
+    assert all(line.startswith("  ") for line in last.splitlines()[1:])
 
 
 # -- 7: defaults that follow the machine
@@ -272,7 +274,8 @@ def test_inspect_bins_the_cases_own_top_k_and_says_rows_are_sampled(tmp_path: Pa
     res = cli("inspect", str(path), "--json")
     assert json.loads(res.stdout)["cases"][0]["values"]["fp16_bins_top_mean"] == 1
     table = cli("inspect", str(path)).output
-    assert "fp16 bins top-k" in table and "sampled rows" in table and "1 case" in table and "1 cases" not in table
+    assert "bins: fp16 bins of the top-k values" in table and "sampled row" in table
+    assert "1 case" in table and "1 cases" not in table
 
 
 def test_an_imported_file_has_one_source_in_replay_and_inspect(tmp_path: Path) -> None:
@@ -286,7 +289,7 @@ def test_an_imported_file_has_one_source_in_replay_and_inspect(tmp_path: Path) -
     replayed = json.loads(cli("replay", str(arch), "--selectors", "reference", "--rounds", "1", "--json").stdout)
     source = replayed["cases"][0]["source"]
     assert source == "imported from-elsewhere.safetensors"
-    assert source in cli("inspect", str(arch)).output
+    assert source in cli("inspect", str(arch), "--wide").output
 
 
 def test_a_zip_made_with_zip_r_reads(archive: str, tmp_path: Path) -> None:

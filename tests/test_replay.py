@@ -63,18 +63,19 @@ def test_broken_selectors_fail_with_check_and_row_while_good_ones_time(plugin_ar
     by_name = {r["selector"]: r for r in case["results"]}
     for name in ("reference", "good"):
         assert by_name[name]["status"] == "ok" and by_name[name]["timing"]["median_us"] > 0
+    said = " ".join(res.output.split())  # lines wrapped within 80 columns, read as one text
     for factory, (check, row) in plugins.EXPECTED.items():
         name = getattr(plugins, factory)().name
         r = by_name[name]
         assert r["status"] == "failed", name
         assert (r["failures"][0]["check"], r["failures"][0]["row"]) == (check, row), name
-        assert f"FAILED {name}: check {check} (" in res.output
+        assert f"FAILED {name}: check {check} (" in said
     assert by_name["raises"]["status"] == "error" and "deliberate failure inside the launch" in by_name["raises"]["reason"]
     factory_error = by_name["tests.plugins:make_factory_raises"]
     assert factory_error["status"] == "error" and "deliberate failure inside the factory" in factory_error["reason"]
     # Every failure and error is also printed in full, with its example.
-    assert "check 4 (bounds) failed on case plugins, row 3: wrote 0 at output column 8" in res.output
-    assert "ERROR raises on case plugins: RuntimeError: deliberate failure inside the launch" in res.output
+    assert "check 4 (bounds) failed on case plugins, row 3: wrote 0 at output column 8" in said
+    assert "ERROR raises on case plugins: RuntimeError: deliberate failure inside the launch" in said
 
 
 def test_strict_exits_nonzero_on_failures(plugin_archive: str) -> None:
@@ -134,7 +135,7 @@ def test_nan_case_is_invalid_not_timed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["does-not-exist.zarr"], "not a logitreplay archive"),
+    (["does-not-exist.zarr"], "does-not-exist.zarr: no such file or directory"),
     (["--selectors", "reference,nosuchselector"], "nosuchselector"),
     (["--selector", "tests.plugins:make_nothing"], "has no attribute 'make_nothing'"),
     (["--poison", "banana"], "neither a number nor 'nan'"),
@@ -187,5 +188,5 @@ def test_inspect_work_shows_native_and_split_needing_more_passes_on_concentrated
     for dist in ("normal+100", "normal*1e-8"):
         assert work[dist]["split_listed_mean"] == 0
         assert work[dist]["split_rounds_mean"] > work["normal"]["split_rounds_mean"]
-    table = CliRunner().invoke(main, ["inspect", str(path), "--work"], catch_exceptions=False).output
+    table = CliRunner().invoke(main, ["inspect", str(path), "--work", "--wide"], catch_exceptions=False).output
     assert "native passes" in table and "3.00 / 3" in table and "split listed" in table

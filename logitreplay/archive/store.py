@@ -32,6 +32,7 @@ from logitreplay.archive.guards import (
     inside,
     writer_lock,
 )
+from logitreplay.archive.ids import natural_order
 from logitreplay.errors import ArchiveError, one_line
 
 SCHEMA_VERSION = 1
@@ -161,6 +162,11 @@ class Archive:
                     loc = pin_url(loc)  # read, and record in `location`, one commit, not a moving branch
                 store = zarr.storage.FsspecStore.from_url(loc, storage_options=storage_options, read_only=True)
             else:
+                if not Path(loc).exists():
+                    raise ArchiveError(f"{loc}: no such file or directory")
+                if not Path(loc).is_dir():
+                    raise ArchiveError(f"{loc}: not a logitreplay archive (a file, not an archive directory, "
+                                       ".zip or URL)")
                 if not (Path(loc) / "zarr.json").is_file():
                     raise ArchiveError(f"{loc}: not a logitreplay archive (no zarr.json)")
                 store = guarded_local_store(loc, read_only=(mode == "r"))
@@ -198,13 +204,14 @@ class Archive:
         return cases
 
     def infos(self) -> list[CaseInfo]:
-        """Every case group, complete or not, sorted by id (attributes only, no values read). A group
-        whose metadata cannot be parsed is listed as incomplete, with the reason in its attributes."""
+        """Every case group, complete or not, in natural id order (c1024, c6400, c12800: `ids.natural_key`),
+        attributes only, no values read. A group whose metadata cannot be parsed is listed as incomplete,
+        with the reason in its attributes."""
         import zarr
 
         cases = self._cases_group()
         out = []
-        for name in _child_names(cases):
+        for name in natural_order(_child_names(cases)):
             try:
                 node = cases[name]
                 attrs = dict(node.attrs)

@@ -1,5 +1,5 @@
 """What every command shares: one-line errors, the `--json [FILE]` convention, output paths checked before
-any work starts, plurals, and the terminal-only progress bar."""
+any work starts, plurals, and progress (a bar on a terminal, throttled lines elsewhere)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -111,11 +112,36 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+# Off a terminal, a progress line at most this often (and only after an item ends): a long replay piped to
+# a file or a CI log shows it is alive without flooding it.
+PROGRESS_EVERY_S = 10.0
+
+
 def progress(iterable: Any, total: int, description: str) -> Any:
-    """A rich progress bar on a terminal, a plain iterator otherwise (logs and pipes stay clean)."""
+    """A rich progress bar on a terminal; elsewhere (logs, pipes, CI) the items as they are, with a line
+    on stderr at most every PROGRESS_EVERY_S seconds: how many are done and about how long the rest takes."""
     if not sys.stderr.isatty():
-        return iterable
+        return _progress_lines(iterable, total, description)
     from rich.console import Console
     from rich.progress import track
 
     return track(iterable, total=total, description=description, console=Console(stderr=True), transient=True)
+
+
+def _progress_lines(iterable: Any, total: int, description: str) -> Any:
+    start = last = time.monotonic()
+    for done, item in enumerate(iterable, 1):
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S and done < total:
+            left = (now - start) / done * (total - done)
+            click.echo(f"{description}: {done} of {total} done after {duration(now - start)}, about "
+                       f"{duration(left)} left", err=True)
+            last = now
+        yield item
+
+
+def duration(seconds: float) -> str:
+    """`42 s`, `7 min`, `2.5 h`."""
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 6000 else f"{seconds / 3600:.1f} h"

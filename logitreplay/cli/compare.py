@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from logitreplay.cli.common import STDOUT, emit_json, json_option, user_errors
 from logitreplay.errors import DecisionError
 from logitreplay.replay.compare import RESAMPLES, TOLERANCE, Comparison, comparable, compare
+from logitreplay.replay.report import Column, number, print_lines, render, short_names, unit, wrap
 from logitreplay.replay.results import ReplayResult, ReportError
 
 
@@ -53,7 +53,7 @@ def compare_cmd(base_path: Path, new_path: Path, fail_above: float | None, toler
         emit_json({"base": str(base_path), "new": str(new_path), "fail_above": fail_above, "failed": bool(above),
                    **result.to_json()}, json_out, indent=1)
     if json_out != STDOUT:
-        _print(result, base_path, new_path)
+        _print(result, base, base_path, new_path)
     if above:
         worst = max(above, key=lambda r: r.low)
         raise click.ClickException(f"--fail-above {fail_above:g}: {len(above)} ratios lie above it, worst "
@@ -61,21 +61,25 @@ def compare_cmd(base_path: Path, new_path: Path, fail_above: float | None, toler
                                    f"[{worst.low:.3f}, {worst.high:.3f}]")
 
 
-def _print(result: Comparison, base_path: Path, new_path: Path) -> None:
-    console = Console() if Console().is_terminal else Console(width=160)
-    t = Table(title=f"{new_path} / {base_path}: ratio of medians, bootstrap 95% interval", title_justify="left")
-    for col in ("case", "selector", "base us", "new us", "ratio", "95% interval", "flag"):
-        t.add_column(col, overflow="fold", justify="right" if col.endswith(("us", "ratio")) else "left")
-    style = {"slower": "red", "faster": "green", "no change": ""}
-    for r in result.rows:
-        t.add_row(r.case_id, r.selector, f"{r.base_us:.1f}", f"{r.new_us:.1f}", f"{r.ratio:.3f}",
-                  f"[{r.low:.3f}, {r.high:.3f}]", f"[{style[r.flag]}]{r.flag}[/]" if style[r.flag] else r.flag)
-    console.print(t)
+def _print(result: Comparison, base: ReplayResult, base_path: Path, new_path: Path) -> None:
+    """The ratios as one table within WIDTH columns (case ids wrap where they must), in the unit of the
+    reports' device kind, then the counts, what only one report timed, and the notes."""
+    name_of_unit, scale = unit(base.device)
+    short = short_names(base.selectors)
+    columns = [Column("case", fold=True), Column("sel"), Column(f"base {name_of_unit}", right=True),
+               Column(f"new {name_of_unit}", right=True), Column("ratio", right=True),
+               Column("95% interval", right=True), Column("flag")]
+    cells = [[r.case_id, short.get(r.selector, r.selector), number(r.base_us / scale), number(r.new_us / scale),
+              f"{r.ratio:.3f}", f"{r.low:.3f}-{r.high:.3f}", r.flag] for r in result.rows]
+    lines = wrap(f"{new_path} / {base_path}: ratio of medians, bootstrap 95% interval") + render(columns, cells)
+    changed = [f"{s} = {name}" for name, s in short.items() if s != name]
+    if changed:
+        lines += wrap("sel: " + ", ".join(changed))
     counts = {f: sum(r.flag == f for r in result.rows) for f in ("faster", "slower", "no change")}
-    console.print(", ".join(f"{n} {f}" for f, n in counts.items()) + f" (tolerance {result.tolerance:g})",
-                  markup=False)
+    lines.append(", ".join(f"{n} {f}" for f, n in counts.items()) + f" (tolerance {result.tolerance:g})")
     for what, items in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):
         if items:
-            console.print(f"{what}: {', '.join(items[:5])}" + (" ..." if len(items) > 5 else ""), markup=False)
+            lines += wrap(f"{what}: {', '.join(items[:5])}" + (" ..." if len(items) > 5 else ""))
     for note in result.notes:
-        console.print(f"note: {note}", markup=False)
+        lines += wrap(f"note: {note}")
+    print_lines(Console(), lines)

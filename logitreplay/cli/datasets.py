@@ -3,21 +3,20 @@ holds, and why a selector may be slow on it)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from logitreplay.archive import Archive, Case
+from logitreplay.archive.ids import check_globs, matches
 from logitreplay.cli.common import check_dir_target, emit_json, json_option, plural, progress, user_errors
 from logitreplay.cli.decisions import controls_option
 from logitreplay.datasets import controls, synth
 from logitreplay.datasets.summary import summarize
 from logitreplay.errors import ArchiveError
+from logitreplay.replay.report import WIDTH, Column, print_lines, render, short_ids, wrap
 from logitreplay.replay.sources import describe_source
 
 
@@ -84,23 +83,22 @@ def _synth_like(like: str, kinds: tuple[str, ...], out: Path, json_out: str | No
 
 @click.command("inspect")
 @click.argument("location")
-@click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable).")
+@click.option("--case", "case_globs", multiple=True, metavar="ID|GLOB",
+              help="Only the cases whose id matches, e.g. 'b-normal*' (repeatable; any may match).")
 @json_option("Every field")
 @click.option("--work", is_flag=True, help="Also run the CPU algorithm models and show their work per case "
               "(native: histogram passes; DeepSelect: buffer compactions, candidates, rows redone; split: "
               "histogram rounds, share of blocks that listed their bucket): why a selector is slow.")
+@click.option("--wide", is_flag=True, help="Every column (whole case ids, layer, compression ratio, row "
+              "lengths, value range) instead of the ones that fit 80 columns.")
 @user_errors
-def inspect_cmd(location: str, case_ids: tuple[str, ...], json_out: str | None, work: bool) -> None:
+def inspect_cmd(location: str, case_globs: tuple[str, ...], json_out: str | None, work: bool, wide: bool) -> None:
     """Summarize the cases of an archive (directory, .zip or URL): shape, storage, row lengths, value
     statistics over sampled rows (ties at the k-th value, fp16 bins of the top-k values) and provenance."""
     archive = Archive.open(location)
     infos = archive.infos()
-    if case_ids:
-        known = {i.case_id for i in infos}
-        missing = [c for c in case_ids if c not in known]
-        if missing:
-            raise ArchiveError(f"case {missing[0]}: not in {location}")
-        infos = [i for i in infos if i.case_id in case_ids]
+    check_globs([i.case_id for i in infos], case_globs)
+    infos = [i for i in infos if matches(i.case_id, case_globs)]
     summaries, sources = [], []
     for info in progress(infos, len(infos), "inspect"):
         case, invalid = None, info.attrs.get("error")
@@ -116,7 +114,7 @@ def inspect_cmd(location: str, case_ids: tuple[str, ...], json_out: str | None, 
     if json_out is not None:
         emit_json({"archive": archive.location, "cases": summaries}, json_out, indent=1)
     else:
-        _print_table(location, summaries, sources, work)
+        _print_table(location, summaries, sources, work, wide)
     invalid = [s["case_id"] for s in summaries if s["invalid"]]
     if invalid:
         raise ArchiveError(f"{plural(len(invalid), 'case')} invalid: {', '.join(invalid)} (listed above)")
@@ -132,22 +130,29 @@ def _work(case: Case | None) -> dict[str, float] | None:
     return case_work(case)
 
 
-def _work_cells(w: dict[str, float] | None) -> tuple[str, ...]:
+def _work_cells(w: dict[str, float] | None, wide: bool) -> list[str]:
     if w is None:
-        return ("-",) * len(_WORK_COLUMNS)
-    return (f"{w['native_passes_mean']:.2f} / {w['native_passes_max']:.0f}",
-            f"{w['deepselect_compactions_mean']:.2f} / {w['deepselect_compactions_max']:.0f}",
+        return ["-"] * len(_WORK_COLUMNS)
+    mean = ".2f" if wide else ".1f"
+    sep = " / " if wide else "/"
+    return [f"{w['native_passes_mean']:{mean}}{sep}{w['native_passes_max']:.0f}",
+            f"{w['deepselect_compactions_mean']:{mean}}{sep}{w['deepselect_compactions_max']:.0f}",
             f"{w['deepselect_appended_mean']:.0f}",
             f"{w['deepselect_redone_mean']:.0%}",
-            f"{w['split_rounds_mean']:.2f} / {w['split_rounds_max']:.0f}",
-            f"{w['split_listed_mean']:.0%}")
+            f"{w['split_rounds_mean']:{mean}}{sep}{w['split_rounds_max']:.0f}",
+            f"{w['split_listed_mean']:.0%}"]
 
 
-# The --work columns: native's histogram passes, DeepSelect's compactions, candidates and rows read twice
-# (its first-round bet lost), split's rounds and the share of its blocks that listed their bucket (the
-# fast path on spread scores).
-_WORK_COLUMNS = ("native passes mean/max", "DS compactions mean/max", "DS candidates/row", "DS redone",
-                 "split rounds mean/max", "split listed")
+# The --work columns (wide header, narrow header): native's histogram passes, DeepSelect's compactions,
+# candidates and rows read twice (its first-round bet lost), split's rounds and the share of its blocks
+# that listed their bucket (the fast path on spread scores).
+_WORK_COLUMNS = (("native passes mean/max", "pass"), ("DS compactions mean/max", "comp"),
+                 ("DS candidates/row", "cand"), ("DS redone", "redo"), ("split rounds mean/max", "round"),
+                 ("split listed", "list"))
+_WORK_LEGEND = ("pass: native's histogram passes, mean/max; comp, cand, redo: DeepSelect's buffer compactions "
+                "mean/max, candidates per row, rows redone (its first-round bet lost); round, list: split's "
+                "histogram rounds mean/max, share of its blocks that listed their bucket")
+_DTYPE = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def _fmt(x: Any, spec: str = "") -> str:
@@ -159,31 +164,55 @@ def _window(w: Any) -> str:
     return f" (tp{w['tp_rank']} rows {w['start']}:{w['end']})" if isinstance(w, dict) else ""
 
 
-def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[str], work: bool = False) -> None:
+def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[str], work: bool,
+                 wide: bool) -> None:
+    """Within 80 columns the columns a reader compares cases by (shape, dtype, source, size, ties, bins;
+    with --work, shape and the work counters); --wide: every column, whole ids."""
     sampled = max((s["values"]["sampled_rows"] for s in summaries if "values" in s), default=0)
-    table = Table(title=f"{location}: {plural(sum(s['complete'] for s in summaries), 'case')}",
-                  caption=f"k-th ties and fp16 bins (of each row's top-k values): means over up to {sampled} "
-                  "sampled rows per case; min / max over all values", caption_justify="left")
-    for col in ("case", "rows", "cols", "k", "dtype", "source", "layer", "stored", "ratio", "row len min/med/max",
-                "min / max", "k-th ties", "fp16 bins top-k"):
-        table.add_column(col, overflow="fold")
+    headers: list[Column] = [Column("case", fold=True)]
+    headers += [Column(h, right=True) for h in ("rows", "cols", "k")]
+    if wide:
+        headers += [Column(h) for h in ("dtype", "source", "layer", "stored", "ratio", "row len min/med/max",
+                                        "min / max", "k-th ties", "fp16 bins top-k")]
+    elif not work:
+        headers += [Column("dtype"), Column("source", fold=True), *(Column(h, right=True) for h in ("MiB", "ties",
+                                                                                                  "bins"))]
     if work:
-        for col in _WORK_COLUMNS:
-            table.add_column(col, overflow="fold")
-    for s, source in zip(summaries, sources, strict=True):
+        headers += [Column(wide_name if wide else name, right=not wide) for wide_name, name in _WORK_COLUMNS]
+    ids = [s["case_id"] for s in summaries] if wide else short_ids(
+        [(s["case_id"], s.get("cols") or 0, s.get("rows") or 0, s.get("top_k") or 0) for s in summaries])
+    rows = []
+    for s, source, case_id in zip(summaries, sources, ids, strict=True):
         if "values" not in s:
             why = f"INVALID: {s['invalid']}" if s["invalid"] else "INCOMPLETE (not data)"
-            table.add_row(s["case_id"], *["-"] * 11, f"[red]{escape(why)}[/red]")
+            cells = ["-"] * (len(headers) - 1)
+            cells[-1 if wide or work else 4] = why  # in the last column, or in the narrow one's source
+            rows.append([case_id, *cells])
             continue
         v, rl = s["values"], s["row_length"]
-        table.add_row(
-            s["case_id"], str(s["rows"]), str(s["cols"]), str(s["top_k"]), s["dtype"],
-            source, str(s["layer"] or "-") + _window(s.get("row_window")),
-            _fmt(s["stored_bytes"] and s["stored_bytes"] / 2**20, ".1f") + " MiB",
-            _fmt(s["compression_ratio"], ".2f"),
-            f"{rl['min']}/{rl['median']:.0f}/{rl['max']}",
-            f"{_fmt(v['min'], '.3g')} / {_fmt(v['max'], '.3g')}",
-            _fmt(v["kth_ties_mean"], ".1f"), _fmt(v["fp16_bins_top_mean"], ".0f"),
-            *(_work_cells(s.get("work")) if work else ()),
-        )
-    Console(width=None if sys.stdout.isatty() else 240).print(table)
+        row = [case_id, str(s["rows"]), str(s["cols"]), str(s["top_k"])]
+        mib = _fmt(s["stored_bytes"] and s["stored_bytes"] / 2**20, ".1f")
+        if wide:
+            row += [s["dtype"], source, str(s["layer"] or "-") + _window(s.get("row_window")), f"{mib} MiB",
+                    _fmt(s["compression_ratio"], ".2f"), f"{rl['min']}/{rl['median']:.0f}/{rl['max']}",
+                    f"{_fmt(v['min'], '.3g')} / {_fmt(v['max'], '.3g')}", _fmt(v["kth_ties_mean"], ".1f"),
+                    _fmt(v["fp16_bins_top_mean"], ".0f")]
+        elif not work:
+            row += [_DTYPE.get(s["dtype"], s["dtype"]), source, mib, _fmt(v["kth_ties_mean"], ".1f"),
+                    _fmt(v["fp16_bins_top_mean"], ".0f")]
+        if work:
+            row += _work_cells(s.get("work"), wide)
+        rows.append(row)
+    width = None if wide else WIDTH
+    lines = [*wrap(f"{location}: {plural(sum(s['complete'] for s in summaries), 'case')}", width),
+             *render(headers, rows, width)]
+    if not wide:
+        lines.append("case: id minus its cols/rows/k parts (--wide: whole ids, every column)")
+    if work:
+        lines += wrap(_WORK_LEGEND, width)
+    if wide or not work:
+        ties, bins = ("k-th ties", "fp16 bins top-k") if wide else ("ties", "bins")
+        lines += wrap(f"{ties}: values equal to the k-th, {bins}: fp16 bins of the top-k values, per row; means "
+                      f"over up to {plural(sampled, 'sampled row')} per case" + ("; min / max over all values"
+                                                                               if wide else ""), width)
+    print_lines(Console(), lines)

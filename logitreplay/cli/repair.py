@@ -12,7 +12,7 @@ from logitreplay.cli.common import emit_json, json_option, plural, user_errors
 
 
 @click.command("repair")
-@click.argument("archive_path", metavar="ARCHIVE", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("archive_path", metavar="ARCHIVE", type=click.Path(path_type=Path))  # a file is the archive's one-line error
 @click.option("--dry-run", is_flag=True, help="Say what would be completed or removed; change nothing.")
 @json_option("Each incomplete case and its action")
 @user_errors

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from logitreplay.archive import Archive
+from logitreplay.archive.ids import check_globs, matches
 from logitreplay.cli.common import (
     check_dir_target,
     check_file_target,
@@ -36,7 +37,8 @@ def _progress_only_on_terminal() -> None:
 
 @click.command("export")
 @click.argument("location")
-@click.option("--case", "case_ids", multiple=True, help="Only these case ids (repeatable; default: all).")
+@click.option("--case", "case_globs", multiple=True, metavar="ID|GLOB",
+              help="Only the complete cases whose id matches, e.g. 'b-normal*' (repeatable; default: all).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory for the <case_id>.safetensors files.")
 @click.option("--fill", type=float, default=-math.inf, show_default="-inf",
@@ -44,17 +46,16 @@ def _progress_only_on_terminal() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace existing files of the same name.")
 @json_option("The written files")
 @user_errors
-def export_cmd(location: str, case_ids: tuple[str, ...], out: Path, fill: float, overwrite: bool,
+def export_cmd(location: str, case_globs: tuple[str, ...], out: Path, fill: float, overwrite: bool,
                json_out: str | None) -> None:
     """Write cases of an archive (directory, .zip or URL) as .safetensors files a kernel author loads with
     `safetensors.torch.load_file` alone."""
     check_dir_target(out, "--out")
     archive = Archive.open(location)
     known = archive.case_ids()
-    missing = [c for c in case_ids if c not in known]
-    if missing:
-        raise ArchiveError(f"case {missing[0]}: not in {location} (or incomplete)")
-    written = [str(export_case(archive.read(cid), out, fill, overwrite)) for cid in (case_ids or known)]
+    check_globs(known, case_globs)
+    written = [str(export_case(archive.read(cid), out, fill, overwrite)) for cid in known
+               if matches(cid, case_globs)]
     if json_out is not None:
         emit_json({"files": written}, json_out)
     else:

@@ -41,9 +41,12 @@ class TimingProtocol:
 
     def describe(self) -> str:
         """One line for a report's caption."""
-        line = f"warmup {self.warmup}, {self.rounds} alternating rounds x {self.samples_per_round} samples"
-        if self.timer == "wall":
-            return line + ", wall clock per call"
+        samples = f"{self.samples_per_round} sample{'s' if self.samples_per_round != 1 else ''}"
+        rounds = f"{self.rounds} alternating round{'s' if self.rounds != 1 else ''} x {samples}"
+        if self.timer == "wall":  # the CPU models: the verification call warms up too
+            warm = "the verification call" + (f" and {self.warmup} more" if self.warmup else "")
+            return f"warmup: {warm}; {rounds}, wall clock"
+        line = f"warmup {self.warmup}, {rounds}"
         return line + f", timer {self.timer}, L2 {self.l2}, CUDA graphs {'on' if self.graphs else 'off'}"
 
     def to_json(self) -> dict[str, Any]:

@@ -1,28 +1,34 @@
 """Reports of a replay: a terminal table, the JSON (`results.py`, validated by `report.schema.json`), a
 CSV of one line per case and selector, and a PNG plot.
 
-The table comes in two layouts. The default one fits an 80-column terminal: a short case id (the id
-without the parts the cols/rows/k columns already show), abbreviated selector names and ratio headers
-with a legend, and one-word cells whose reasons are printed in full under the table. `wide` is the
-layout of the published captured-logits tables (logits columns | query rows | source | DS fast path |
-one column per selector | baseline/other ratios) with every reason in its cell.
+Every table of every command is laid out by `render` (plain lines, no trailing spaces), within `WIDTH`
+columns unless --wide. The replay table comes in two layouts. The default one fits 80 columns: a short
+case id (the id without the parts the cols/rows/k columns already show), abbreviated selector names and
+ratio headers with a legend, and one-word cells whose reasons are printed in full under the table; where
+more ratio columns than fit were measured, it leaves out the last ones and says so. `wide` is the layout
+of the published captured-logits tables (logits columns | query rows | source | DS fast path | one
+column per selector | baseline/other ratios) with every reason in its cell.
 
-A timed cell is the median time in microseconds (milliseconds for tables of CPU models), marked `~` when the samples' coefficient of variation
-exceeds `DISPERSION_CV` (their spread is then larger than the differences a reader may look for). A cell
-that was not timed says what happened: unsupported (and why), FAILED (the check), ERROR (the exception).
+A timed cell is the median time in the unit of its device kind (`unit`: ms for the CPU models, us for
+CUDA kernels; tables, comparisons and plots alike), marked `~` when the samples' coefficient of
+variation exceeds `DISPERSION_CV` (their spread is then larger than the differences a reader may look
+for). A cell that was not timed says what happened: unsupported (and why), FAILED (the check), ERROR
+(the exception).
 """
 
 from __future__ import annotations
 
 import csv
+import textwrap
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
+from logitreplay.datasets.controls import split_id
 from logitreplay.replay.protocol import Timing
 from logitreplay.replay.results import CaseResult, ReplayResult, SelectorResult
 
@@ -33,17 +39,81 @@ NOISY = "~"
 _SHORT = {"reference": "ref", "native": "nat", "deepselect": "dsel"}
 
 
-def unit(result: ReplayResult) -> tuple[str, float]:
-    """The table's time unit and its size in microseconds: ms once a median reaches 0.1 s (the CPU models),
-    so that no cell needs more than 6 digits."""
-    medians = [r.timing.median_us for c in result.cases for r in c.results if r.timing is not None]
-    return ("ms", 1000.0) if medians and max(medians) >= 1e5 else ("us", 1.0)
+# -- the one table renderer of every command
+
+
+WIDTH = 80  # every table and line for people fits this many columns, unless --wide asks for all
+_GAP = "  "
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: its header, right-aligned (numbers) or not, and whether its cells may wrap over
+    several lines when the table is too wide (ids, reasons; never numbers)."""
+
+    header: str
+    right: bool = False
+    fold: bool = False
+
+
+def render(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None = WIDTH) -> list[str]:
+    """Plain lines of a table: the headers, a rule, then the rows, two spaces between columns and no
+    trailing spaces (piped output stays clean). Above `width`, the fold columns narrow, the widest first,
+    down to their header or 8 characters, their cells wrapped at hyphens and spaces; `width=None` (--wide)
+    keeps every cell on one line."""
+    sizes = [max([len(c.header), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    floor = [max(len(c.header), 8) if c.fold else s for c, s in zip(columns, sizes, strict=True)]
+    while width is not None and sum(sizes) + len(_GAP) * (len(sizes) - 1) > width:
+        narrowable = [i for i in range(len(sizes)) if sizes[i] > floor[i]]
+        if not narrowable:
+            break  # the caller chose more columns than fit; tests keep every command's tables in WIDTH
+        sizes[max(narrowable, key=lambda i: sizes[i])] -= 1
+
+    def line(cells: Sequence[str]) -> str:
+        return _GAP.join(c.rjust(n) if col.right else c.ljust(n)
+                         for c, n, col in zip(cells, sizes, columns, strict=True)).rstrip()
+
+    out = [line([c.header for c in columns]), "\u2500" * (sum(sizes) + len(_GAP) * (len(sizes) - 1))]
+    for row in rows:
+        parts = [textwrap.wrap(c, n, break_on_hyphens=True) or [""] if col.fold and len(c) > n else [c]
+                 for c, n, col in zip(row, sizes, columns, strict=True)]
+        for k in range(max(len(p) for p in parts)):
+            out.append(line([p[k] if k < len(p) else "" for p in parts]))
+    return out
+
+
+def wrap(text: str, width: int | None = WIDTH) -> list[str]:
+    """A line of prose for people, wrapped at `width`; continuation lines are indented two spaces more than
+    the text's own indent."""
+    if width is None or len(text) <= width:
+        return [text]
+    indent = " " * (len(text) - len(text.lstrip(" ")))
+    return textwrap.wrap(text, width, subsequent_indent=indent + "  ", break_on_hyphens=False) or [text]
+
+
+def print_lines(console: Console, lines: Sequence[str], style: str | None = None) -> None:
+    """Lines already laid out (`render`, `wrap`), printed as they are: rich neither wraps, pads nor
+    highlights them."""
+    for line in lines:
+        console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
+
+
+def unit(device: str) -> tuple[str, float]:
+    """The time unit of a device kind and its size in microseconds: ms for the CPU models (their calls
+    take milliseconds to seconds), us for CUDA kernels. One unit per kind, whatever the run measured, so
+    that the same cell reads the same in every run, table, comparison and plot."""
+    return ("ms", 1000.0) if device.split(":")[0] == "cpu" else ("us", 1.0)
+
+
+def number(value: float) -> str:
+    """A time or a per-call figure in at most 6 characters, with 3 significant digits where they fit."""
+    if value < 1:
+        return f"{value:.2f}" if value >= 0.01 else f"{value:.1g}"
+    return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
 def _time(t: Timing, scale: float = 1.0) -> str:
-    value = t.median_us / scale
-    text = f"{value:.1f}" if value < 1000 else f"{value:.0f}"
-    return text + (NOISY if t.cv > DISPERSION_CV else "")
+    return number(t.median_us / scale) + (NOISY if t.cv > DISPERSION_CV else "")
 
 
 def cell(res: SelectorResult | None, scale: float = 1.0) -> str:
@@ -95,20 +165,25 @@ def short_names(names: list[str]) -> dict[str, str]:
     return out
 
 
-def short_case_id(case: CaseResult) -> str:
-    """The case id without the `c<cols>`, `w<cols>`, `r<rows>` and `k<top_k>` parts the table shows
-    beside it (`a-normal-c1024-r512-k512` -> `a-normal`); the whole id when nothing would be left."""
-    shown = {f"c{case.cols}", f"w{case.cols}", f"r{case.rows}", f"k{case.top_k}"}
-    kept = [part for part in case.case_id.split("-") if part not in shown]
-    short = "-".join(kept)
-    return short if kept and short else case.case_id
+def short_case_id(case_id: str, cols: int, rows: int, top_k: int) -> str:
+    """The case id without the `c<cols>`, `w<cols>`, `r<rows>` and `k<top_k>` parts a table shows beside
+    it (`a-normal-c1024-r512-k512` -> `a-normal`; a control keeps its suffix: `a-normal~matched`); the
+    whole id when nothing would be left."""
+    base = split_id(case_id)[0]
+    shown = {f"c{cols}", f"w{cols}", f"r{rows}", f"k{top_k}"}
+    kept = [part for part in base.split("-") if part not in shown]
+    return "-".join(kept) + case_id[len(base):] if kept else case_id
+
+
+def short_ids(keys: Sequence[tuple[str, int, int, int]]) -> list[str]:
+    """Short ids of (case id, cols, rows, k), or the whole ids where two rows would read the same."""
+    shorts = [(short_case_id(*k), *k[1:]) for k in keys]
+    counts = Counter(shorts)
+    return [s[0] if counts[s] == 1 else k[0] for s, k in zip(shorts, keys, strict=True)]
 
 
 def _short_ids(cases: list[CaseResult]) -> list[str]:
-    """Short ids, or the whole ids where two rows would read the same (short id, cols, rows, k)."""
-    keys = [(short_case_id(c), c.cols, c.rows, c.top_k) for c in cases]
-    counts = Counter(keys)
-    return [k[0] if counts[k] == 1 else c.case_id for k, c in zip(keys, cases, strict=True)]
+    return short_ids([(c.case_id, c.cols, c.rows, c.top_k) for c in cases])
 
 
 def _ratio_columns(result: ReplayResult) -> list[str]:
@@ -117,36 +192,34 @@ def _ratio_columns(result: ReplayResult) -> list[str]:
             and any(c.timed(s) is not None for c in result.cases)]
 
 
-def table(result: ReplayResult, wide: bool = False) -> Table:
-    """The report's table (see the module docstring for the two layouts)."""
-    scale = unit(result)[1]
-    if wide:
-        t = Table()
-    else:  # no vertical rules: two spaces between columns leave the numbers their room
-        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+def _shape(case: CaseResult) -> list[str]:
+    """cols, rows, k; `-` for a case whose shape was never read (incomplete or unreadable)."""
+    known = case.cols or case.rows or case.top_k
+    return [str(x) if known else "-" for x in (case.cols, case.rows, case.top_k)]
+
+
+def _layout(result: ReplayResult, wide: bool, others: list[str]) -> list[str]:
+    """The table's lines with ratio columns for `others` (see the module docstring for the layouts)."""
+    scale = unit(result.device)[1]
     names = {s: s for s in result.selectors} if wide else short_names(result.selectors)
-    others = _ratio_columns(result)
     floors = any(c.floor_us is not None for c in result.cases)
-    t.add_column("case", overflow="fold")
-    for header in (("logits cols", "query rows", "k") if wide else ("cols", "rows", "k")):
-        t.add_column(header, justify="right", no_wrap=True)
+    cols = [Column("case", fold=True)]
+    cols += [Column(h, right=True) for h in (("logits cols", "query rows", "k") if wide else ("cols", "rows", "k"))]
     if wide:
-        t.add_column("source")
-        t.add_column("DS fast path")  # would vLLM route this case to DeepSelect's prefill fast path
+        cols += [Column("source"), Column("DS fast path")]  # would vLLM route it to DeepSelect's fast path
     if floors:
-        t.add_column("read floor us" if wide else "floor", justify="right", no_wrap=True)
-    for name in result.selectors:
-        t.add_column(names[name], justify="right", no_wrap=not wide, overflow="fold")
+        cols.append(Column(f"read floor {unit(result.device)[0]}" if wide else "floor", right=True))
+    cols += [Column(names[name], right=True) for name in result.selectors]
     base = names.get(result.baseline or "", "")
-    for name in others:
-        t.add_column(f"{base}/{names[name]}" if wide else f"/{names[name]}", justify="right", no_wrap=True)
+    cols += [Column(f"{base}/{names[name]}" if wide else f"/{names[name]}", right=True) for name in others]
     ids = [c.case_id for c in result.cases] if wide else _short_ids(result.cases)
+    rows = []
     for case, case_id in zip(result.cases, ids, strict=True):
-        row = [case_id, str(case.cols), str(case.rows), str(case.top_k)]
+        row = [case_id, *_shape(case)]
         if wide:
             row += [_source(case), "yes" if case.fast_path else f"no: {case.fast_path_note}"]
         if floors:
-            row.append("" if case.floor_us is None else f"{case.floor_us:.1f}")
+            row.append("" if case.floor_us is None else number(case.floor_us / scale))
         if case.invalid:
             row += [f"invalid: {case.invalid}" if wide else "invalid"] * len(result.selectors) + [""] * len(others)
         else:
@@ -154,13 +227,25 @@ def table(result: ReplayResult, wide: bool = False) -> Table:
             for name in others:
                 r = ratio(case, result.baseline or "", name)
                 row.append("" if r is None else f"{r:.2f}x")
-        t.add_row(*row)
-    return t
+        rows.append(row)
+    return render(cols, rows, None if wide else WIDTH)
 
 
-def legend(result: ReplayResult, wide: bool = False) -> list[str]:
-    """What the narrow table's abbreviations, marks and one-word cells mean, and why the cases it does not
-    explain in its cells were not timed; the wide table needs only the marks."""
+def table(result: ReplayResult, wide: bool = False) -> tuple[list[str], list[str]]:
+    """The report's table as lines, and the ratio columns left out of the narrow one for lack of room
+    (the last first: the legend names them, --wide shows them)."""
+    others = _ratio_columns(result)
+    for n in range(len(others), -1, -1):
+        lines = _layout(result, wide, others[:n])
+        if wide or max(map(len, lines)) <= WIDTH or n == 0:
+            return lines, others[n:]
+    raise AssertionError("unreachable")
+
+
+def legend(result: ReplayResult, wide: bool = False, left_out: Sequence[str] = ()) -> list[str]:
+    """What the narrow table's abbreviations, marks and one-word cells mean, why the cases it does not
+    explain in its cells were not timed, and the ratio columns `left_out` for lack of room; the wide
+    table needs only the marks."""
     lines = []
     cells = [r for c in result.cases for r in c.results]
     noisy = any(r.timing is not None and r.timing.cv > DISPERSION_CV for r in cells)
@@ -173,6 +258,9 @@ def legend(result: ReplayResult, wide: bool = False) -> list[str]:
         if _ratio_columns(result):
             base = names[result.baseline or ""]
             lines.append(f"/X: {base} time / X time (above 1: X is faster than {base})")
+        if left_out:
+            lines.append(f"not shown for lack of room: {', '.join('/' + names[n] for n in left_out)} (--wide shows "
+                         "every column)")
         lines += _not_timed(result)
         lines += _fast_path(result)
     if noisy:
@@ -184,7 +272,8 @@ def _not_timed(result: ReplayResult) -> list[str]:
     """One line per (selector, reason) an unsupported cell stands for; invalid cases with their reason."""
     unsupported = Counter((r.selector, r.reason) for c in result.cases for r in c.results if r.status == "unsupported")
     lines = [f"unsup: {sel} declined {n} case{'s' if n != 1 else ''}: {why}" for (sel, why), n in unsupported.items()]
-    lines += [f"invalid: case {c.case_id}: {c.invalid}" for c in result.cases if c.invalid]
+    lines += [f"invalid: case {c.case_id}: {c.invalid.replace(f'case {c.case_id}: ', '', 1)}"
+              for c in result.cases if c.invalid]  # the reason may name the case too
     if any(r.status == "failed" for c in result.cases for r in c.results):
         lines.append("FAIL cN: verification check N failed (details below)")
     return lines
@@ -208,26 +297,26 @@ def problems(result: ReplayResult) -> list[str]:
 
 def heading(result: ReplayResult) -> list[str]:
     """The lines above the table: what the times are, on which device, in which unit; the protocol."""
-    return [f"{result.device}: {result.clock_label}; median {unit(result)[0]} per call", result.protocol.describe()]
+    return [f"{result.device}: {result.clock_label}; medians in {unit(result.device)[0]}",
+            result.protocol.describe()]
 
 
 def print_report(result: ReplayResult, console: Console, wide: bool = False) -> None:
     """The heading, the table and its legend, then every failure in full (check, case, row, example),
-    every error, and the notes. (A table's title and caption would wrap at the table's own width.)"""
-    for line in heading(result):
-        console.print(line, highlight=False, markup=False)
-    console.print(table(result, wide))
-    for line in legend(result, wide):
-        console.print(line, highlight=False, markup=False)
+    every error, and the notes; within WIDTH columns unless `wide`."""
+    width = None if wide else WIDTH
+    lines, left_out = table(result, wide)
+    print_lines(console, [w for line in heading(result) for w in wrap(line, width)] + lines
+                + [w for line in legend(result, wide, left_out) for w in wrap(line, width)])
     for case in result.cases:
         for res in case.results:
             for f in res.failures:
-                console.print(f"[red]FAILED[/red] {res.selector}: {f}", highlight=False)
+                print_lines(console, wrap(f"FAILED {res.selector}: {f}", width), style="red")
             if res.status == "error":
-                console.print(f"[red]ERROR[/red] {res.selector} on case {case.case_id}: {res.reason}",
-                              highlight=False)
+                print_lines(console, wrap(f"ERROR {res.selector} on case {case.case_id}: {res.reason}", width),
+                            style="red")
     for note in result.notes:
-        console.print(f"note: {note}", highlight=False)
+        print_lines(console, wrap(f"note: {note}", width))
 
 
 CSV_FIELDS = ("case_id", "cols", "rows", "top_k", "dtype", "source", "selector", "status", "median_us",
@@ -275,6 +364,7 @@ def plot_figure(result: ReplayResult) -> Any:
     from matplotlib.patches import Patch
 
     cases = [c for c in result.cases if not c.invalid]
+    name_of_unit, scale = unit(result.device)
     n = max(1, len(result.selectors))
     width = 0.8 / n
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -288,11 +378,11 @@ def plot_figure(result: ReplayResult) -> Any:
             x = j + (i - (n - 1) / 2) * width
             timing, res = case.timed(name), case.result(name)
             if timing is not None:
-                m = timing.median_us
+                m = timing.median_us / scale
                 xs.append(x)
                 ys.append(m)
-                lo.append(m - timing.quantile(0.1))
-                hi.append(timing.quantile(0.9) - m)
+                lo.append(m - timing.quantile(0.1) / scale)
+                hi.append(timing.quantile(0.9) / scale - m)
             elif res is not None and res.status in _MARKS:
                 marker, what = _MARKS[res.status]
                 ax.plot([x], [0.03], marker=marker, color=colour, markersize=8, linestyle="none",
@@ -309,7 +399,7 @@ def plot_figure(result: ReplayResult) -> Any:
     ax.set_xlim(-0.6, len(cases) - 0.4)
     ax.set_yscale("log")
     ax.set_xlabel("case (logits cols x query rows, k)")
-    ax.set_ylabel("median time per call (us)")
+    ax.set_ylabel(f"median time per call ({name_of_unit})")
     ax.set_title(f"{result.device}: {result.clock_label}", fontsize=9)
     ax.legend(handles=handles, fontsize=8)
     fig.tight_layout()
