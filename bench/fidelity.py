@@ -2,7 +2,8 @@
 
 Replays `seed-controls` and `stress` (full scale), an archive of our own distributions (concentrated,
 sorted and ramp rows, masked rows, ties, k = 2048) and decode shapes, and the `decode` and `decode-bf16`
-suites (full scale: width 163840, batch 1-256, next_n 1 and 2, sequence lengths mixed 1K-128K) with the
+suites (full scale: width 163840, batch 1-256, next_n 1 and 2, sequence lengths mixed 1K-128K; the
+`indexer` and `indexer-decode` suites likewise, as prefill and decode suites) with the
 bundled `native`, `deepselect` and `split` next to vLLM 0.33's kernels loaded from the staged libraries
 (`vllm-native@LIB`, the decode kernels and `vllm-auto`, `vllm-deepselect@DSLIB`), measures the adapters'
 staging copy alone (same protocol), and writes bench/FIDELITY.md: per case our time, upstream's time, the
@@ -32,7 +33,7 @@ import numpy as np
 CLI = "import sys; from logitreplay.cli import main; sys.exit(main())"
 TOLERANCE = 0.05
 DECODE_TARGET = 1.25  # split within 1.25x of the best vLLM decode kernel
-DECODE_SUITES = ("decode", "decode-bf16")
+DECODE_SUITES = ("decode", "decode-bf16", "indexer-decode")
 DECODE_WIDTH = 163840
 # vLLM 0.33's decode kernels, whose best time is split's reference (also bench/deepselect_tune.py's).
 VLLM_DECODE = ("vllm-decode", "vllm-persistent", "vllm-cooperative")
@@ -198,7 +199,7 @@ def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
     why: dict[str, set[str]] = {}  # unsupported: the reasons, by selector
     best_fp32: dict[str, float] = {}  # a float32 decode case's best vLLM time, for its bf16 twin
     split_ratios: list[float] = []
-    for suite in ("seed-controls", "stress", "own", *DECODE_SUITES):
+    for suite in ("seed-controls", "stress", "indexer", "own", *DECODE_SUITES):
         if not (out / f"{suite}.json").is_file():
             continue
         cases, env = _results(out / f"{suite}.json")
