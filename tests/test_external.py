@@ -32,9 +32,8 @@ def test_missing_package_is_named_with_its_install(name: str, monkeypatch: pytes
     assert (sel.supports(CASE, torch.device("cuda")) or "").startswith("not installed (pip install ")
 
 
-def test_limits_say_what_upstream_cannot_do() -> None:
-    assert "per-row length only" in (external.FlashInferRagged().limits(CASE) or "")
-    assert "exactly top_k = 2048" in (external.SglFastTopk().limits(CASE) or "")
-    bf16 = Case.from_rows("b", torch.zeros(8, dtype=torch.bfloat16), [0], [8], top_k=2, cols=8)
-    assert "float32 logits only" in (external.FlashInferRagged().limits(bf16) or "")
-    assert external.SglFastTopk().staging_bytes(CASE) == 2 * 2 * 4  # rows x top_k int32, copied into the view
+def test_deepselect_upstream_says_it_is_not_installed_before_any_limit() -> None:
+    why = build("deepselect-upstream").supports(CASE, torch.device("cuda"))
+    if importlib.util.find_spec("deep_select") is None:
+        assert why == "not installed (pip install deep_select (built from DeepSeek's DeepSelect repository))"
+    assert build("sgl-fast-topk").staging_bytes(CASE) == 2 * 2 * 4  # rows x top_k int32, copied into the view

@@ -175,6 +175,7 @@ import json, numpy as np, torch
 from logitreplay.archive import Case
 from logitreplay.replay.verify import OutputBuffer, check_output, expected_values
 from logitreplay.selectors import vllm
+from logitreplay.selectors.base import prepare_for
 
 rows, cols = 6, 512
 ends = np.array([512, 200, 17, 5, 256, 130], np.int32)
@@ -188,11 +189,10 @@ for name, k, dtype in [("vllm-native", 16, torch.float32), ("vllm-decode", 16, t
     sel = vllm.__dict__[{"vllm-native": "VllmPrefill", "vllm-decode": "VllmDecode",
                          "vllm-persistent": "VllmPersistent", "vllm-cooperative": "VllmCooperative",
                          "vllm-deepselect": "VllmDeepSelect"}[name]]()
-    sel.supports(case, torch.device("cpu"))  # records the case, as the engine does before prepare
     logits = case.padded(device="cpu")
     starts, ends_t = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
     buf = OutputBuffer(rows, k, "cpu")
-    sel.prepare(logits, starts, ends_t, k, buf.view)()
+    prepare_for(sel, case, logits, starts, ends_t, k, buf.view)()  # as the engine prepares: given the case
     fails = check_output(case, logits, starts, ends_t, buf, expected_values(logits, starts, ends_t, k))
     out[f"{name}/{dtype}"] = [str(f) for f in fails] + [f"staging {sel.staging_bytes(case)}"]
 print(json.dumps(out))

@@ -57,7 +57,7 @@ from logitreplay.replay.verify import (
     expected_values,
     nan_row,
 )
-from logitreplay.selectors.base import Launch, Selector
+from logitreplay.selectors.base import Launch, Selector, prepare_for
 
 
 def device_checks(device: torch.device) -> list[ExtraCheck]:
@@ -70,7 +70,9 @@ def device_checks(device: torch.device) -> list[ExtraCheck]:
 
 
 def _error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {one_line(e, None)}"[:300]
+    """`Type: message`; a MemoryError (host memory exhausted, often without a message) says so."""
+    text = one_line(e, None) or ("out of host memory" if isinstance(e, MemoryError) else "")
+    return f"{type(e).__name__}: {text}"[:300] if text else type(e).__name__
 
 
 # -- Ctrl-C: a real one stops the run; a KeyboardInterrupt a plugin raises is the plugin's error.
@@ -228,7 +230,7 @@ def _verify_selector(sel: Selector, case: Case, original: Inputs, expected: torc
             return res, None
         inputs = original.copy()
         out = OutputBuffer(case.rows, case.top_k, device)
-        launch = sel.prepare(inputs.logits, inputs.row_starts, inputs.row_ends, case.top_k, out.view)
+        launch = prepare_for(sel, case, inputs.logits, inputs.row_starts, inputs.row_ends, case.top_k, out.view)
         if not callable(launch):
             raise TypeError(f"prepare returned {type(launch).__name__}, which is not callable (a launch)")
         launch()

@@ -37,4 +37,17 @@ class Selector(Protocol):
         ...
 
 
-__all__ = ["Launch", "Selector"]
+def prepare_for(sel: Selector, case: Case, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+    """How the engine prepares a selector for `case`: an adapter whose call depends on what the case
+    records beyond its tensors (vLLM's decode `next_n` and `max_seq_len`, the backend vLLM would pick)
+    has `prepare_case(case, ...)` and is given the case, so it keeps nothing between `supports` and its
+    launch; any other selector gets the protocol's `prepare`."""
+    prepare_case = getattr(sel, "prepare_case", None)
+    if callable(prepare_case):
+        launch: Launch = prepare_case(case, logits, row_starts, row_ends, top_k, out)
+        return launch
+    return sel.prepare(logits, row_starts, row_ends, top_k, out)
+
+
+__all__ = ["Launch", "Selector", "prepare_for"]

@@ -2,8 +2,9 @@
 
 Built-ins and adapters resolve lazily, so listing the names never builds a kernel or imports an upstream
 package; plugins register under the `logitreplay.selectors` entry-point group, or are named directly
-as `package.module:factory`. vLLM's adapters also take a kernel library from a path,
-`vllm-native@/path/to/_C_stable_libtorch.abi3.so`, loaded instead of the installed package.
+as `package.module:factory`. Every upstream adapter also takes its kernel from a path instead of the
+installed package: `vllm-native@/path/to/_C_stable_libtorch.abi3.so`, `sgl-fast-topk@/path/common_ops.abi3.so`,
+`flashinfer-ragged@/folder/holding/flashinfer`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ BUILTINS: dict[str, str] = {
     "split": "logitreplay.selectors.bundled:split",
     "auto": "logitreplay.selectors.auto:from_environment",  # dispatches by a measured rule (--rule)
 }
+
+
+# The upstream adapters (they take `@PATH`), and the library or package each loads: adapters of one family
+# from different sources need processes of their own.
+UPSTREAM: dict[str, str] = {**EXTERNAL, **VLLM}
+FAMILIES: dict[str, str] = {**{name: lib.label for name, lib in LIBRARIES.items()},
+                            **{name: name.split("-")[0] for name in EXTERNAL}}
 
 
 def load_factory(spec: str) -> Callable[[], Selector]:
@@ -71,15 +79,15 @@ def unknown_name(name: str) -> str:
 def factory_spec(spec: str) -> str:
     """The `module:factory` behind a registered name, a `name@library-path`, or a plugin spec."""
     name, path = split_spec(spec)
-    if path is not None and name in VLLM:
-        return VLLM[name]
+    if path is not None and name in UPSTREAM:
+        return UPSTREAM[name]
     return available().get(spec, spec)
 
 
 def needs_own_process(specs: list[str]) -> bool:
     """Whether these selectors load one kernel library from two sources (installed and a path, or two
     paths): two builds of one op cannot be registered in one process, so each must run in its own."""
-    return _needs_own_process(specs, LIBRARIES)
+    return _needs_own_process(specs, FAMILIES)
 
 
 def build(spec: str) -> Selector:
@@ -88,7 +96,7 @@ def build(spec: str) -> Selector:
     name, path = split_spec(spec)
     factory = load_factory(factory_spec(spec))
     try:
-        sel = cast(Callable[[str], Selector], factory)(path) if path is not None and name in VLLM else factory()
+        sel = cast(Callable[[str], Selector], factory)(path) if path is not None and name in UPSTREAM else factory()
     except (Exception, SystemExit) as e:  # foreign code: even its sys.exit() is its own failure
         raise SelectorError(f"selector {spec!r}: factory raised {type(e).__name__}: {one_line(e)}") from None
     if not isinstance(sel, Selector):

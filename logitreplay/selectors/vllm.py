@@ -18,7 +18,6 @@ of the very bounds tensor the replay rewrites for check 5, and a host `max_seq_l
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +25,8 @@ import torch
 
 from logitreplay.archive import ELEMENT_BYTES, Case
 from logitreplay.selectors.base import Launch
-from logitreplay.selectors.vllm_libs import C_OPS, DEEPSELECT, KernelLibrary, Loaded, load, missing_arch
+from logitreplay.selectors.upstream import Upstream, fp32_only, staged, starts_at_zero
+from logitreplay.selectors.vllm_libs import C_OPS, DEEPSELECT, KernelLibrary, Loaded, load
 
 RADIX_TOPK_WORKSPACE_SIZE = 1024 * 1024  # indexer_topk.py: the cooperative/persistent workspace, uint8
 FAST_TOP_K = (512, 1024, 2048)  # the top_k persistent_topk and cooperative_topk are built for
@@ -55,83 +55,35 @@ def decode_call(case: Case) -> DecodeCall:
 
 
 def _starts_at_zero(case: Case) -> str | None:
-    if case.rows and bool((case.row_starts != 0).any()):
-        return "decode kernels take row lengths only: rows starting past column 0 are not supported"
-    return None
+    return starts_at_zero(case, "decode kernels take row lengths only")
 
 
-def _fp32(case: Case) -> str | None:
-    return None if case.dtype == "float32" else f"reads float32 logits only, not {case.dtype}"
-
-
-def library_label(path: str) -> str:
-    """The column name's suffix for a library loaded from `path`: its folder's name (builds A and B)."""
-    return os.path.basename(os.path.dirname(os.path.abspath(path))) or os.path.basename(path)
-
-
-class VllmKernel:
+class VllmKernel(Upstream):
     """A kernel of one of vLLM's libraries; subclasses give the library, limits and the launch."""
 
-    name: str
     op: str = ""  # the op's name in the library's namespace
     library: KernelLibrary = C_OPS
 
-    def __init__(self, library_path: str | None = None) -> None:
-        self.library_path = library_path
-        if library_path is not None:
-            self.name = f"{type(self).name}@{library_label(library_path)}"
-        self._case: Case | None = None
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return self.library.label
 
-    def _loaded(self) -> Loaded | str:
-        return load(self.library, self.library_path)
-
-    def supports(self, case: Case, device: torch.device) -> str | None:
-        self._case = case  # the engine prepares the case it last asked about
-        if device.type != "cuda":
-            return "a vLLM CUDA kernel: needs a CUDA device"
-        loaded = self._loaded()
-        if isinstance(loaded, str):
-            return loaded
-        return missing_arch(loaded, self.library.label, torch.cuda.get_device_capability(device)) or \
-            self.limits(case, device)
-
-    def limits(self, case: Case, device: torch.device) -> str | None:
-        return None
-
-    def staging_bytes(self, case: Case) -> int:
-        """Bytes of the contiguous output block the launch writes and then copies into the view."""
-        return case.rows * case.top_k * 4
-
-    def note(self, case: Case) -> str:
-        loaded = self._loaded()
-        source = loaded.source if isinstance(loaded, Loaded) else "?"
-        return f"{self.kernel_name(case)} from {source}; staging copy {self.staging_bytes(case)} B"
+    def find(self) -> Loaded | str:
+        return load(self.library, self.path)
 
     def kernel_name(self, case: Case) -> str:
         return self.op
 
     def _op(self) -> Callable[..., None]:
-        loaded = self._loaded()
+        loaded = self.find()
         if isinstance(loaded, str):
             raise RuntimeError(loaded)
         return getattr(getattr(torch.ops, self.library.namespace), self.op)
 
-    def _call(self, logits: torch.Tensor) -> DecodeCall:
-        case = self._case
-        if case is not None and case.rows == logits.shape[0] and case.cols == logits.shape[1]:
-            return decode_call(case)
-        return DecodeCall(logits.shape[0], 1, logits.shape[1])
 
-
-def _staged(kernel: Callable[[torch.Tensor], None], out: torch.Tensor) -> Launch:
-    """A launch that runs `kernel` into a contiguous block shaped like `out`, then copies it into `out`."""
-    scratch = torch.empty(out.shape, dtype=torch.int32, device=out.device)
-
-    def launch() -> None:
-        kernel(scratch)
-        out.copy_(scratch)
-
-    return launch
+def _call(case: Case | None, logits: torch.Tensor) -> DecodeCall:
+    """The case's decode call, or one request per row bounded by the width when no case is given."""
+    return decode_call(case) if case is not None else DecodeCall(logits.shape[0], 1, logits.shape[1])
 
 
 class VllmPrefill(VllmKernel):
@@ -142,13 +94,13 @@ class VllmPrefill(VllmKernel):
     op = "top_k_per_row_prefill"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
-        return _fp32(case)
+        return fp32_only(case)
 
-    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                top_k: int, out: torch.Tensor) -> Launch:
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         op, rows = self._op(), logits.shape[0]
         stride0, stride1 = logits.stride()
-        return _staged(lambda idx: op(logits, row_starts, row_ends, idx, rows, stride0, stride1, top_k), out)
+        return staged(lambda idx: op(logits, row_starts, row_ends, idx, rows, stride0, stride1, top_k), out)
 
 
 class VllmDecode(VllmKernel):
@@ -158,14 +110,14 @@ class VllmDecode(VllmKernel):
     op = "top_k_per_row_decode"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
-        return _fp32(case) or _starts_at_zero(case)
+        return fp32_only(case) or _starts_at_zero(case)
 
-    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                top_k: int, out: torch.Tensor) -> Launch:
-        op, call, rows = self._op(), self._call(logits), logits.shape[0]
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
+        op, call, rows = self._op(), _call(case, logits), logits.shape[0]
         seq_lens = row_ends.view(call.batch, call.next_n)
         stride0, stride1 = logits.stride()
-        return _staged(lambda idx: op(logits, call.next_n, seq_lens, idx, rows, stride0, stride1, top_k), out)
+        return staged(lambda idx: op(logits, call.next_n, seq_lens, idx, rows, stride0, stride1, top_k), out)
 
 
 class VllmPersistent(VllmKernel):
@@ -178,14 +130,14 @@ class VllmPersistent(VllmKernel):
     def limits(self, case: Case, device: torch.device) -> str | None:
         if case.top_k not in FAST_TOP_K:
             return f"top_k {case.top_k}: built for top_k in {FAST_TOP_K} only"
-        return _fp32(case) or _starts_at_zero(case)
+        return fp32_only(case) or _starts_at_zero(case)
 
-    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                top_k: int, out: torch.Tensor) -> Launch:
-        op, call = self._op(), self._call(logits)
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
+        op, call = self._op(), _call(case, logits)
         seq_lens = row_ends.view(call.batch, call.next_n)
         workspace = torch.zeros(RADIX_TOPK_WORKSPACE_SIZE, dtype=torch.uint8, device=logits.device)
-        return _staged(lambda idx: op(logits, seq_lens, idx, workspace, top_k, call.max_seq_len), out)
+        return staged(lambda idx: op(logits, seq_lens, idx, workspace, top_k, call.max_seq_len), out)
 
 
 class VllmCooperative(VllmPersistent):
@@ -240,8 +192,8 @@ class VllmDeepSelect(VllmKernel):
     def staging_bytes(self, case: Case) -> int:
         return 0 if self._direct is True else super().staging_bytes(case)
 
-    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                top_k: int, out: torch.Tensor) -> Launch:
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         op = self._op()
         out_align = self._alignment()[1]
 
@@ -265,18 +217,18 @@ class VllmDeepSelect(VllmKernel):
 class VllmAuto(VllmKernel):
     """What vLLM 0.33 runs for each case: `top_k_per_row_prefill` for a prefill case; for a decode case
     `SparseIndexerTopk`'s `auto` resolution (`_resolve_auto`, l.236): cooperative when its constraints
-    hold, else persistent for top_k 512/1024/2048, else per_row."""
+    hold, else persistent for top_k 512/1024/2048, else per_row. The choice is made from the case each
+    time it is needed (supports, note, prepare), never remembered."""
 
     name = "vllm-auto"
 
     def __init__(self, library_path: str | None = None) -> None:
         super().__init__(library_path)
-        self._current: VllmKernel | None = None
         self._backends: dict[str, VllmKernel] = {
             cls.name: cls(library_path) for cls in (VllmPrefill, VllmCooperative, VllmPersistent, VllmDecode)}
 
-    def chosen(self, case: Case, device: torch.device) -> VllmKernel:
-        if getattr(case, "kind", "prefill") != "decode":
+    def chosen(self, case: Case | None, device: torch.device) -> VllmKernel:
+        if case is None or getattr(case, "kind", "prefill") != "decode":
             return self._backends["vllm-native"]
         if case.top_k in FAST_TOP_K and device.type == "cuda":
             if cooperative_constraints(case, device) is None:
@@ -289,18 +241,15 @@ class VllmAuto(VllmKernel):
         if why is not None:
             return why
         backend = self.chosen(case, device)
-        self._current = backend
         why = backend.supports(case, device)
         return None if why is None else f"vLLM runs {backend.op} here, which cannot: {why}"
 
     def kernel_name(self, case: Case) -> str:
-        return f"vLLM 0.33 chose {self._current.op if self._current else '?'}"
+        return f"vLLM 0.33 chose {self.chosen(case, torch.device('cuda')).op}"
 
-    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                top_k: int, out: torch.Tensor) -> Launch:
-        if self._current is None:
-            raise RuntimeError("vllm-auto: prepare before supports chose a backend")
-        return self._current.prepare(logits, row_starts, row_ends, top_k, out)  # type: ignore[attr-defined]
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
+        return self.chosen(case, logits.device).prepare_case(case, logits, row_starts, row_ends, top_k, out)
 
 
 VLLM: dict[str, str] = {

@@ -130,16 +130,16 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return (name, path) if sep and path else (spec, None)
 
 
-def needs_own_process(specs: list[str], families: dict[str, KernelLibrary]) -> bool:
-    """Whether these selector specs load one library from more than one source (the installed package
-    and a path, or two paths): then each must run in a process of its own. `families` maps adapter
-    names to the library they use."""
+def needs_own_process(specs: list[str], families: dict[str, str]) -> bool:
+    """Whether these selector specs load one library or package from more than one source (the installed
+    one and a path, or two paths): then each must run in a process of its own. `families` maps adapter
+    names to the library or package they load."""
     sources: dict[str, set[str]] = {}
     for spec in specs:
         name, path = split_spec(spec)
-        lib = families.get(name)
-        if lib is not None:
-            sources.setdefault(lib.label, set()).add(os.path.abspath(path) if path else "installed")
+        family = families.get(name)
+        if family is not None:
+            sources.setdefault(family, set()).add(os.path.abspath(path) if path else "installed")
     return any(len(s) > 1 for s in sources.values())
 
 

@@ -1,0 +1,200 @@
+"""Every DSA top-k kernel a Hopper user chooses between, side by side: the peers' adapters (FlashInfer,
+SGLang v2, sgl-kernel, upstream DeepSelect where it is installed) and the bundled selectors, one replay
+per suite, and bench/PEERS.md rendered from the JSON those replays write.
+
+Besides the synth suites it replays `probe`: rows built to find the capacity of sgl-kernel's candidate
+buffer. Its fast top-k bins every value by the top 8 bits of its float16 key, sends the bins above the
+k-th's to the output and keeps the k-th's bin for the finer rounds in shared memory of a fixed size
+(4096 entries a round in sglang 0.5.23's JIT twin `fast_topk.cuh`, "clip here to prevent overflow"):
+past that, candidates are dropped. A probe row holds `c` values inside one float16 bin (1 + tiny
+distinct steps) and 2048 <= c, the rest far below; rows with c = 4096 fit, c > 4096 do not.
+
+    python bench/peers.py --out out/peers --suites seed-controls,stress,decode --scale full
+    python bench/peers.py --out bench/results/h200-2026-12-02 --md bench/PEERS.md --no-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CLI = "import sys; from logitreplay.cli import main; sys.exit(main())"
+BUNDLED = ("native", "deepselect", "split")
+PEERS = ("flashinfer", "flashinfer-ragged", "flashinfer-ragged-cub", "flashinfer-paged", "flashinfer-paged-cub",
+         "flashinfer-paged-shuffled", "flashinfer-topk", "flashinfer-topk-cub", "sglang-ragged-v2",
+         "sglang-paged-v2", "sglang-paged-v2-shuffled", "sgl-fast-topk", "sgl-fast-topk-paged",
+         "sgl-fast-topk-paged-shuffled", "sgl-fast-topk-ragged", "deepselect-upstream")
+PROBE_COUNTS = (2049, 4000, 4096, 4097, 4200, 6000, 8192, 16384)
+PROBE_COLS = 32768
+PREFIX = "peers-"
+
+
+def probe_cases() -> list[Any]:
+    """One case per candidate count `c`: 8 rows of 32768 columns, `c` values in [1, 1.0005) (one
+    float16 bin, distinct float32 values), the rest normal values around -50, top_k 2048."""
+    from logitreplay.archive import Case
+
+    rows, out = 8, []
+    rng = np.random.default_rng(2612)
+    for c in PROBE_COUNTS:
+        parts = []
+        for _ in range(rows):
+            row = (-50 + rng.standard_normal(PROBE_COLS)).astype(np.float32)
+            where = rng.choice(PROBE_COLS, c, replace=False)
+            row[where] = (1 + np.arange(c) * (5e-4 / c)).astype(np.float32)
+            parts.append(row)
+        out.append(Case.from_rows(f"probe-onebin-c{c}-r{rows}-k2048", np.concatenate(parts),
+                                  np.zeros(rows, np.int32), np.full(rows, PROBE_COLS, np.int32), top_k=2048,
+                                  cols=PROBE_COLS, attrs={"source": "synthetic", "distribution": f"onebin{c}"}))
+    return out
+
+
+def replay(out: Path, name: str, source: list[str], selectors: str, extra: list[str]) -> str:
+    cmd = [sys.executable, "-c", CLI, "replay", *source, "--device", "cuda", "--selectors", selectors,
+           *extra, "--json", str(out / f"{PREFIX}{name}.json")]
+    shown = " ".join(["logitreplay", *cmd[3:]])
+    print("$", shown, flush=True)
+    rc = subprocess.run(cmd).returncode
+    if not (out / f"{PREFIX}{name}.json").is_file():
+        print(f"{name}: the replay wrote no JSON (exit status {rc})", flush=True)
+    return shown
+
+
+def run(args: argparse.Namespace) -> None:
+    from logitreplay.archive import Archive
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    selectors = ",".join((*BUNDLED, *PEERS))
+    extra = ["--rounds", str(args.rounds)] if args.rounds else []
+    commands: dict[str, str] = {}
+    for suite in args.suites.split(","):
+        if suite == "probe":
+            archive_path = Path(args.scratch) / "probe.zarr"
+            if not archive_path.exists():
+                archive = Archive.create(archive_path)
+                for case in probe_cases():
+                    archive.write(case)
+            commands[suite] = replay(out, suite, [str(archive_path)], selectors, extra)
+        else:
+            commands[suite] = replay(out, suite, ["--suite", suite, "--scale", args.scale], selectors, extra)
+    path = out / f"{PREFIX}commands.json"
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**known, **commands}, indent=1))
+    (out / f"{PREFIX}versions.json").write_text(json.dumps(versions(), indent=1))
+
+
+def versions() -> dict[str, str]:
+    """The date, and each peer's version as this process finds it (or why not)."""
+    import importlib
+
+    found = {"date": datetime.date.today().isoformat()}
+    for module in ("flashinfer", "sgl_kernel", "sglang", "deep_select", "tvm_ffi"):
+        try:
+            found[module] = str(getattr(importlib.import_module(module), "__version__", "?"))
+        except Exception as e:  # not staged here: say so in the report
+            found[module] = f"not importable ({type(e).__name__})"
+    return found
+
+
+# ----------------------------------------------------------------------------------------- report
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    if r["status"] == "ok" and r.get("timing"):
+        return f"{r['timing']['median_us']:.1f}"
+    return {"unsupported": "n/a", "failed": "**FAIL**"}.get(r["status"], r["status"])
+
+
+def _short(case_id: str) -> str:
+    return case_id if len(case_id) <= 44 else case_id[:41] + "..."
+
+
+def suite_table(data: dict[str, Any]) -> tuple[list[str], list[str], dict[str, set[str]]]:
+    """A suite's table (cases x selectors, median us), its failures (selector, case, first failing row,
+    detail) and the reasons each selector declined, from one replay report."""
+    cases = data["cases"]
+    names = list(dict.fromkeys(r["selector"] for c in cases for r in c["results"]))
+    lines = ["| case | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    fails: list[str] = []
+    why: dict[str, set[str]] = {}
+    for c in cases:
+        by = {r["selector"]: r for r in c["results"]}
+        if c.get("invalid"):
+            lines.append(f"| {_short(c['case_id'])} | invalid: {c['invalid']} |")
+            continue
+        lines.append(f"| {_short(c['case_id'])} | " + " | ".join(_cell(by.get(n)) for n in names) + " |")
+        for n, r in by.items():
+            if r["status"] == "unsupported":
+                why.setdefault(n, set()).add(r.get("reason") or "")
+            elif r["status"] in ("failed", "error"):
+                first = (r.get("failures") or [{}])[0]
+                detail = first.get("detail") or r.get("reason") or ""
+                row = first.get("row", "?")
+                fails.append(f"- `{n}` on `{c['case_id']}`: {r['status']}, row {row}: {detail[:300]}")
+    return lines, fails, why
+
+
+def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
+    """The PEERS.md body from the `peers-*.json` replays in `out` (bench/claims.py renders the same)."""
+    body: list[str] = []
+    env: dict[str, Any] = {}
+    commands = json.loads((out / f"{PREFIX}commands.json").read_text()) if (out / f"{PREFIX}commands.json").is_file() \
+        else {}
+    for suite, command in commands.items():
+        path = out / f"{PREFIX}{suite}.json"
+        if not path.is_file():
+            body += [f"## {suite}", "", f"No report: `{command}` wrote none.", ""]
+            continue
+        data = json.loads(path.read_text())
+        env = data.get("environment", env)
+        lines, fails, why = suite_table(data)
+        body += [f"## {suite}", "", f"`{command}`", "", "Median us (CUDA graphs, cold L2); **FAIL**: failed "
+                 "verification; n/a: declined.", "", *lines, ""]
+        if fails:
+            body += ["Verification failures (first failing row):", "", *fails, ""]
+        if why:
+            body += ["Declined, with the adapter's reason:", ""]
+            body += [f"- `{n}`: " + "; ".join(sorted(r for r in rs if r))[:600] for n, rs in sorted(why.items())]
+            body.append("")
+    return body, env
+
+
+def report(out: Path, md: Path, preamble: Path | None) -> None:
+    body, env = tables(out)
+    head = [preamble.read_text().rstrip(), ""] if preamble is not None and preamble.is_file() else []
+    meta = out / f"{PREFIX}versions.json"
+    found = json.loads(meta.read_text()) if meta.is_file() else {}
+    facts = {k: env[k] for k in ("gpu", "compute_capability", "driver", "torch", "cuda_runtime") if k in env}
+    md.write_text("\n".join([*head, f"Run on {found.get('date', '?')}: `{json.dumps(facts)}`; packages "
+                             f"`{json.dumps({k: v for k, v in found.items() if k != 'date'})}`", "", *body]) + "\n")
+    print(f"wrote {md}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="where the replays' JSON goes (and is read from)")
+    ap.add_argument("--md", type=Path, default=None, help="write the report here")
+    ap.add_argument("--preamble", type=Path, default=None, help="text put above the tables")
+    ap.add_argument("--suites", default="probe,seed-controls,seed-controls-bf16,stress,decode,decode-bf16")
+    ap.add_argument("--scale", default="full")
+    ap.add_argument("--rounds", type=int, default=None, help="timing rounds (replay's --rounds)")
+    ap.add_argument("--scratch", default="/tmp", help="where the probe archive is written")
+    ap.add_argument("--no-run", action="store_true", help="only render the report from earlier JSON")
+    args = ap.parse_args()
+    if not args.no_run:
+        run(args)
+    if args.md is not None:
+        report(args.out, args.md, args.preamble)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The DSA top-k peers on the GPU machine in one call: unpack the peers staged in .peers/ (by
+# shared/gpu/peer-kernels; kept in /tmp/peers between calls), install the zarr wheels from .whl/, build
+# the bundled kernels, run the peers' GPU tests, then bench/peers.py for the suites in $SUITES at $SCALE.
+#   SUITES=probe,decode SCALE=full bash bench/peers_gpu.sh      (carry .peers and .whl)
+set -uo pipefail
+out=${OUT:-out/peers}
+mkdir -p "$out"
+if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
+. /tmp/peers/env.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD PYTHONUNBUFFERED=1 LOGITREPLAY_CACHE=/tmp/lr-cache
+cli="import sys; from logitreplay.cli import main; sys.exit(main())"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
+t0=$(date +%s)
+python3 -c "$cli" build-kernels > "$out/build.log" 2>&1; tail -2 "$out/build.log"
+echo "build: $(( $(date +%s) - t0 )) s"
+if [ "${TESTS:-1}" != 0 ]; then
+  python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_peers.py 2>&1 | tee "$out/pytest-peers.log" | tail -25
+  echo "tests: $(( $(date +%s) - t0 )) s"
+fi
+python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \
+  ${ROUNDS:+--rounds $ROUNDS} --md "$out/PEERS.md" 2>&1 | tee "$out/peers.log" | grep -v "^\s*$" | tail -40
+echo "total: $(( $(date +%s) - t0 )) s"

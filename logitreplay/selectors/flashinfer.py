@@ -1,0 +1,230 @@
+"""FlashInfer 0.7.2's DSA top-k (`flashinfer/topk.py`), called as vLLM and SGLang call it.
+
+- `flashinfer`: vLLM 0.33's opt-in `flashinfer` decode backend (`indexer_topk.py` l.347):
+  `top_k_ragged_transform(logits, offsets=0, row_ends, topk)`, float32, FlashInfer's own backend choice.
+- `flashinfer-ragged[-cub]`: SGLang 0.5.23's `--dsa-topk-backend flashinfer` ragged (prefill) call
+  (`dsa_topk_backend.py`): `top_k_ragged_transform(logits.contiguous(), offsets, lengths, k,
+  deterministic=False, tie_break=0, dsa_graph_safe=True, row_starts=row_starts)`.
+- `flashinfer-paged[-cub][-shuffled]`: its paged (decode) call, `top_k_page_table_transform(...,
+  page_table_1, lengths, k, row_to_batch=None, ..., dsa_graph_safe=True, row_starts=None)`, on a page
+  table of page size 1 built for the case (layouts.py).
+- `flashinfer-topk[-cub]`: SGLang's unfused path (`_topk_unfused` with `flashinfer.top_k(masked, k,
+  sorted=False, deterministic=False, tie_break=0, dsa_graph_safe=True)`): mask the outside of each window
+  to -inf, select, subtract the row start, -1 where the selected score is -inf.
+
+The backend is forced per adapter through `FLASHINFER_TOPK_ALGO` (read by FlashInfer at each call;
+a CUDA graph keeps what was captured): `default` is the radix FilteredTopK path (graph safe for k <=
+2048, input rows contiguous: `CHECK_INPUT`), `cub` is CUB's DeviceBatchedTopK (rows up to 2^21 columns,
+padded row strides accepted). FlashInfer allocates its outputs on every call (its API).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from logitreplay.archive import Case
+from logitreplay.selectors.base import Launch
+from logitreplay.selectors.layouts import page_table, ragged_offsets, slots_fit, unoffset
+from logitreplay.selectors.upstream import Upstream, fp32_only, import_package, starts_at_zero
+from logitreplay.selectors.vllm_libs import Loaded
+
+ALGO_ENV = "FLASHINFER_TOPK_ALGO"
+ALGOS = {"radix": "default", "cub": "cub"}
+FILTERED_TOPK_MAX_K = 2048  # topk.cuh; the graph-safe radix path takes no more
+CUB_MAX_COLS = 1 << 21  # DeviceBatchedTopK's per-segment limit (can_use_cub_topk)
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@contextlib.contextmanager
+def _algo(backend: str | None) -> Iterator[None]:
+    """FLASHINFER_TOPK_ALGO set for one call (None: FlashInfer's own choice)."""
+    if backend is None:
+        yield
+        return
+    old = os.environ.get(ALGO_ENV)
+    os.environ[ALGO_ENV] = ALGOS[backend]
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ALGO_ENV, None)
+        else:
+            os.environ[ALGO_ENV] = old
+
+
+class FlashInfer(Upstream):
+    """A FlashInfer top-k entry point; `backend` is "radix", "cub" or None (FlashInfer chooses)."""
+
+    label = "flashinfer"
+    backend: str | None = "radix"
+
+    def find(self) -> Loaded | str:
+        found = import_package("flashinfer", "flashinfer-python", self.path)
+        if isinstance(found, str) or found.file is None:
+            return found
+        aot = os.path.join(os.path.dirname(found.file), "data", "aot", "topk", "topk.so")
+        return Loaded(found.source, aot if os.path.isfile(aot) else None)  # else JIT-built for this GPU
+
+    def limits(self, case: Case, device: torch.device) -> str | None:
+        if case.dtype not in DTYPES:
+            return f"reads {', '.join(DTYPES)} logits, not {case.dtype}"
+        if self.backend == "radix" and case.top_k > FILTERED_TOPK_MAX_K:
+            return f"top_k {case.top_k}: the graph-safe radix path (FilteredTopK) takes k <= {FILTERED_TOPK_MAX_K}"
+        if self.backend == "cub" and case.cols > CUB_MAX_COLS:
+            return f"{case.cols} columns: CUB's DeviceBatchedTopK takes at most {CUB_MAX_COLS}"
+        return None
+
+    def kernel_name(self, case: Case) -> str:
+        return f"flashinfer.{self.entry} ({self.backend or 'its own backend choice'})"
+
+    entry = ""
+
+    def _fi(self) -> Any:
+        import flashinfer
+
+        return flashinfer
+
+
+class FlashInferVllm(FlashInfer):
+    """vLLM 0.33's call: zero offsets, `row_ends` as lengths, the logits as vLLM holds them (a padded
+    row stride is passed as it is, which FlashInfer's radix path rejects: declined here)."""
+
+    name = "flashinfer"
+    entry = "top_k_ragged_transform"
+    backend = None
+
+    def limits(self, case: Case, device: torch.device) -> str | None:
+        if case.row_stride != case.cols:
+            return (f"row stride {case.row_stride} > {case.cols} columns: vLLM passes the padded logits as they "
+                    "are and FlashInfer's radix path raises 'input must be contiguous'")
+        return fp32_only(case) or starts_at_zero(case, "vLLM's flashinfer backend takes row ends only") or \
+            super().limits(case, device)
+
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
+        fi = self._fi()
+        offsets = torch.zeros_like(row_starts)
+
+        def launch() -> None:
+            out.copy_(fi.top_k_ragged_transform(logits, offsets, row_ends, top_k))
+
+        return launch
+
+
+class FlashInferRagged(FlashInfer):
+    """SGLang's ragged call on offsets built for the case (shuffled row bases); output less offsets."""
+
+    name = "flashinfer-ragged"
+    entry = "top_k_ragged_transform"
+
+    def limits(self, case: Case, device: torch.device) -> str | None:
+        return slots_fit(case.rows, case.cols) or super().limits(case, device)
+
+    def kernel_name(self, case: Case) -> str:
+        return f"{super().kernel_name(case)}, SGLang's call on shuffled offsets, output less offsets"
+
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
+        fi, backend = self._fi(), self.backend
+        offsets = ragged_offsets(logits.shape[0], logits.shape[1], logits.device)
+        lengths = torch.empty_like(row_ends)
+
+        def launch() -> None:
+            torch.sub(row_ends, row_starts, out=lengths)
+            with _algo(backend):
+                got = fi.top_k_ragged_transform(
+                    logits.contiguous(), offsets, lengths, top_k, deterministic=False, tie_break=0,
+                    dsa_graph_safe=True, row_starts=row_starts)
+            unoffset(got, offsets, out)
+
+        return launch
+
+
+class FlashInferRaggedCub(FlashInferRagged):
+    name = "flashinfer-ragged-cub"
+    backend = "cub"
+
+
+class FlashInferPaged(FlashInfer):
+    """SGLang's decode call on a page_size-1 table built for the case; output mapped back through it."""
+
+    name = "flashinfer-paged"
+    entry = "top_k_page_table_transform"
+    layout = "identity"
+
+    def limits(self, case: Case, device: torch.device) -> str | None:
+        return starts_at_zero(case, "SGLang's paged call is its decode form") or slots_fit(case.rows, case.cols) \
+            or super().limits(case, device)
+
+    def kernel_name(self, case: Case) -> str:
+        return f"{super().kernel_name(case)}, SGLang's decode call on a {self.layout} page table, mapped back"
+
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
+        fi, backend = self._fi(), self.backend
+        table = page_table(logits.shape[0], logits.shape[1], 1, self.layout, logits.device)
+
+        def launch() -> None:
+            with _algo(backend):
+                slots = fi.top_k_page_table_transform(
+                    logits.contiguous(), table.table, row_ends, top_k, row_to_batch=None, deterministic=False,
+                    tie_break=0, dsa_graph_safe=True, row_starts=None, page_table_row_starts=None)
+            table.map_back(slots, None, out)
+
+        return launch
+
+
+class FlashInferPagedCub(FlashInferPaged):
+    name = "flashinfer-paged-cub"
+    backend = "cub"
+
+
+class FlashInferPagedShuffled(FlashInferPaged):
+    name = "flashinfer-paged-shuffled"
+    layout = "shuffled"
+
+
+class FlashInferTopK(FlashInfer):
+    """SGLang's unfused path with `flashinfer.top_k` (its `_topk_unfused`), all of it timed."""
+
+    name = "flashinfer-topk"
+    entry = "top_k"
+
+    def kernel_name(self, case: Case) -> str:
+        return f"{super().kernel_name(case)} inside SGLang's _topk_unfused (mask, select, subtract)"
+
+    def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
+                     row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
+        fi, backend = self._fi(), self.backend
+        cols = logits.shape[1]
+        col = torch.arange(cols, dtype=torch.int32, device=logits.device)[None, :]
+        valid_k = min(top_k, cols)
+
+        def launch() -> None:
+            valid = (col >= row_starts[:, None]) & (col < row_ends[:, None])
+            masked = logits.masked_fill(~valid, float("-inf"))
+            with _algo(backend):
+                scores, idx = fi.top_k(masked, valid_k, sorted=False, deterministic=False,
+                                       tie_break=0, dsa_graph_safe=True)
+            local = (idx.to(torch.int32) - row_starts[:, None]).masked_fill(scores == float("-inf"), -1)
+            out.fill_(-1)
+            out[:, :valid_k].copy_(local)
+
+        return launch
+
+
+class FlashInferTopKCub(FlashInferTopK):
+    name = "flashinfer-topk-cub"
+    backend = "cub"
+
+
+FLASHINFER: dict[str, str] = {cls.name: f"logitreplay.selectors.flashinfer:{cls.__name__}" for cls in (
+    FlashInferVllm, FlashInferRagged, FlashInferRaggedCub, FlashInferPaged, FlashInferPagedCub,
+    FlashInferPagedShuffled, FlashInferTopK, FlashInferTopKCub)}
+
+__all__ = ["FLASHINFER", "FlashInfer", "FlashInferPaged", "FlashInferRagged", "FlashInferTopK", "FlashInferVllm"]

@@ -1,0 +1,172 @@
+"""The peers' adapters against stand-ins of FlashInfer, SGLang v2 and sgl-kernel (tests/peer_standins.py):
+each calls its entry point with the arguments production passes, maps the fused outputs back through
+the page table or offsets it built, passes checks 1-4 and 6 (SGLang's ragged v2 writes its own copy,
+never the replay's logits), and declines what the real kernel cannot do with a reason."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from logitreplay.archive import Case
+from logitreplay.replay.verify import Inputs, OutputBuffer, check_output, expected_values
+from logitreplay.selectors import layouts, upstream
+from logitreplay.selectors.base import prepare_for
+from logitreplay.selectors.external import EXTERNAL
+from logitreplay.selectors.registry import build, needs_own_process
+from tests import peer_standins
+
+CUDA = torch.device("cuda")
+PEERS = sorted(n for n in EXTERNAL if n != "deepselect-upstream")
+MODULES = ("flashinfer", "sglang", "sgl_kernel")
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = peer_standins.write(tmp_path_factory.mktemp("peers"))
+    sys.path.insert(0, str(root))
+    upstream.import_package.cache_clear()
+    try:
+        yield {m: importlib.import_module(m) for m in ("flashinfer.topk", "sglang.kernels.ops.attention.dsv4.topk",
+                                                         "sgl_kernel")}
+    finally:
+        sys.path.remove(str(root))
+        for name in [n for n in sys.modules if n.split(".")[0] in MODULES]:
+            del sys.modules[name]
+        upstream.import_package.cache_clear()
+
+
+def _case(rows: int = 6, cols: int = 4096, k: int = 2048, starts: bool = False, stride: int | None = None,
+          dtype: torch.dtype = torch.float32) -> Case:
+    rng = np.random.default_rng(rows + cols + k)
+    lo = (np.arange(rows) * 5 + 1).astype(np.int32) if starts else np.zeros(rows, np.int32)
+    ends = np.minimum(lo + np.array([cols, k // 2, k, 3000, 17, cols][:rows]), cols).astype(np.int32)
+    values = torch.from_numpy(rng.standard_normal(int((ends - lo).sum())).astype(np.float32)).to(dtype)
+    return Case.from_rows("c", values, lo, ends, top_k=k, cols=cols, row_stride=stride)
+
+
+def _run(name: str, case: Case) -> tuple[list[Any], str | None]:
+    """Prepare as the engine does, one launch, checks 1-4 and check 6 on the replay's own inputs."""
+    original = Inputs.of(case.padded(poison=1e30, device="cpu"), torch.from_numpy(case.row_starts),
+                         torch.from_numpy(case.row_ends))
+    inputs = original.copy()
+    out = OutputBuffer(case.rows, case.top_k, "cpu")
+    prepare_for(build(name), case, inputs.logits, inputs.row_starts, inputs.row_ends, case.top_k, out.view)()
+    expected = expected_values(original.logits, original.row_starts, original.row_ends, case.top_k)
+    fails = check_output(case, original.logits, original.row_starts, original.row_ends, out, expected)
+    changed = inputs.changed(case.case_id, original)
+    return fails, None if changed is None else str(changed)
+
+
+def _calls(standins: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    calls: list[tuple[str, dict[str, Any]]] = []
+    for mod in standins.values():
+        calls += mod.CALLS
+        mod.CALLS.clear()
+    return calls
+
+
+@pytest.mark.parametrize("name", PEERS)
+def test_each_peer_passes_the_checks_on_a_decode_case(name: str, standins: dict[str, Any]) -> None:
+    assert _run(name, _case()) == ([], None)
+    assert _calls(standins)  # the stand-in of its package was called
+
+
+@pytest.mark.parametrize("name", [n for n in PEERS if "paged" not in n and n != "flashinfer"])
+def test_peers_that_take_row_starts_pass_on_a_multi_request_chunk(name: str, standins: dict[str, Any]) -> None:
+    assert _run(name, _case(starts=True)) == ([], None)
+
+
+def test_sglang_ragged_v2_masks_its_own_copy_of_the_scores(standins: dict[str, Any]) -> None:
+    _calls(standins)
+    case = _case(starts=True)
+    assert _run("sglang-ragged-v2", case) == ([], None)  # check 6: the replay's logits are untouched
+    [(entry, args)] = _calls(standins)
+    assert entry == "topk_transform_ragged_v2"
+    scores = args["scores"]
+    assert bool(torch.isinf(scores[1, 4:6]).all())  # row 1 starts at column 6: columns 4-5 masked, upstream's way
+    assert torch.equal(args["row_starts"], torch.from_numpy(case.row_starts))
+
+
+@pytest.mark.parametrize(("name", "algo"), [("flashinfer-ragged", "default"), ("flashinfer-ragged-cub", "cub"),
+                                            ("flashinfer-paged", "default"), ("flashinfer-topk-cub", "cub"),
+                                            ("flashinfer", None)])
+def test_flashinfer_is_called_graph_safe_on_the_backend_named(name: str, algo: str | None,
+                                                               standins: dict[str, Any]) -> None:
+    _calls(standins)
+    _run(name, _case())
+    [(_, args)] = _calls(standins)
+    assert args["algo"] == algo
+    assert args["dsa_graph_safe"] is (name != "flashinfer")  # vLLM's call passes no flag; SGLang's does
+
+
+def test_sglang_paged_v2_plans_over_the_lengths_it_selects_with(standins: dict[str, Any]) -> None:
+    _calls(standins)
+    _run("sglang-paged-v2", _case())
+    (plan, p), (entry, t) = _calls(standins)
+    assert (plan, entry) == ("plan_topk_v2", "topk_transform_paged_v2")
+    assert t["page_size"] == 64 and t["metadata"].shape == (7, 2)
+
+
+def test_sgl_kernel_passes_row_starts_as_sglang_does(standins: dict[str, Any]) -> None:
+    _calls(standins)
+    _run("sgl-fast-topk", _case())
+    _run("sgl-fast-topk", _case(starts=True))
+    _run("sgl-fast-topk-paged", _case())
+    decode, chunk, paged = _calls(standins)
+    assert decode[1]["row_starts"] is None and chunk[1]["row_starts"] is not None  # None in decode
+    assert torch.equal(paged[1]["cu_seqlens_q"], torch.arange(7, dtype=torch.int32))  # one query row per request
+
+
+@pytest.mark.parametrize(("name", "case", "reason"), [
+    ("flashinfer", _case(stride=4096 + 64), "raises 'input must be contiguous'"),
+    ("flashinfer", _case(starts=True), "takes row ends only"),
+    ("flashinfer-ragged", _case(k=4096), "FilteredTopK) takes k <= 2048"),
+    ("flashinfer-ragged-cub", _case(cols=(1 << 21) + 8, rows=1, k=8), "takes at most 2097152"),
+    ("flashinfer-paged", _case(starts=True), "decode form"),
+    ("sglang-ragged-v2", _case(k=4096), "0 < k <= 2048"),
+    ("sglang-ragged-v2", _case(stride=4097), "not a multiple of 4"),
+    ("sglang-paged-v2", _case(dtype=torch.bfloat16), "float32 logits only"),
+    ("sgl-fast-topk", _case(k=512), "exactly top_k = 2048"),
+    ("sgl-fast-topk-paged", _case(starts=True), "decode form"),
+])
+def test_limits_decline_with_the_reason(name: str, case: Case, reason: str, standins: dict[str, Any],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert reason in (build(name).supports(case, CUDA) or "")
+    assert build(name).supports(_case(), CUDA) is None  # the stand-in is found, and a plain case is taken
+
+
+def test_a_peer_from_a_folder_is_named_after_it_and_a_second_copy_is_refused(standins: dict[str, Any],
+                                                                             tmp_path: Path) -> None:
+    root = next(p for p in sys.path if (Path(p) / "flashinfer" / "topk.py").is_file())
+    sel = build(f"flashinfer-ragged@{root}")
+    assert isinstance(sel, upstream.Upstream)
+    assert sel.name == f"flashinfer-ragged@{Path(root).name}"
+    found = sel.find()
+    assert not isinstance(found, str) and found.source == root
+    other = peer_standins.write(tmp_path / "other")
+    assert "already imported flashinfer from" in str(build(f"flashinfer@{other}").find())
+    assert needs_own_process(["flashinfer-ragged", f"flashinfer-paged@{other}"])
+    assert not needs_own_process(["flashinfer-ragged", "sgl-fast-topk", "vllm-native"])
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_a_page_table_maps_back_to_the_columns_it_was_given(layout: str, page_size: int) -> None:
+    rows, cols = 3, 300
+    table = layouts.page_table(rows, cols, page_size, layout, torch.device("cpu"))
+    local = torch.tensor([[0, 299, 64, -1], [5, 6, 200, 1], [-1, -1, 130, 299]], dtype=torch.int32)
+    pages = table.table[torch.arange(rows)[:, None], (local // page_size).clamp(min=0)]
+    slots = torch.where(local < 0, -1, pages * page_size + local % page_size)
+    out = torch.empty_like(local)
+    table.map_back(slots, None, out)
+    assert torch.equal(out, local)
+    assert (layout == "identity") == bool((table.table.flatten().diff() == 1).all())
