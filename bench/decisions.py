@@ -62,8 +62,13 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def replay(out: Path, name: str, inputs: list[str], selectors: str, common: list[str], *extra: str) -> Path:
+def replay(out: Path, name: str, inputs: list[str], selectors: str, common: list[str], *extra: str,
+           reuse: bool = False) -> Path:
+    """Replay into out/NAME.json (with `reuse`, an existing one is kept: a long run resumes)."""
     path = out / f"{name}.json"
+    if reuse and path.is_file():
+        print(f"kept {path}", flush=True)
+        return path
     cli("replay", *inputs, "--selectors", selectors, *common, *extra, "--json", str(path))
     return path
 
@@ -146,6 +151,9 @@ def main() -> None:
                     help="no replay: fit the rule on these reports and evaluate it (see above)")
     ap.add_argument("--evaluate", nargs="+", type=Path, default=None, metavar="REPORT.json",
                     help="with --fit: the reports the rule is evaluated on (default: the --fit ones)")
+    ap.add_argument("--suites", default=",".join(FIT_SUITES), help="the suites the rule is fitted on")
+    ap.add_argument("--auto-only", action="store_true", help="only the auto target (no compare runs)")
+    ap.add_argument("--reuse", action="store_true", help="keep the reports already under --out (resume a run)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "decisions")
     args = ap.parse_args()
     out = args.out
@@ -159,20 +167,25 @@ def main() -> None:
     started = time.time()
 
     # 1. replay the suites with auto's selectors, fit the rule on them, then replay auto by it
-    fitted = [replay(out, f"fit-{s}", ["--suite", s], sel, common) for s in FIT_SUITES]
+    suites = args.suites.split(",")
+    fitted = [replay(out, f"fit-{s}", ["--suite", s], sel, common, reuse=args.reuse) for s in suites]
     fit_and_evaluate(fitted, fitted, among, out)
     rows: list[tuple[str, str, str, bool | None]] = []
     targets = [(s, ["--suite", s]) for s in SCORED] + [(Path(c).name, [c]) for c in args.capture]
     for name, inputs in targets:
         report = read_json(replay(out, f"auto-{name}", inputs, f"auto,{sel}", common, "--rule",
-                                  str(out / "rule.json")))
+                                  str(out / "rule.json"), reuse=args.reuse))
         score = auto_vs_best(report, among)
         share = score.within / score.cases if score.cases else 0.0
         ok = score.cases > 0 and share >= TARGET_SHARE and (score.worst_ratio or 0) <= TARGET_WORST
-        rows.append((f"auto on {name} (fit on {len(FIT_SUITES)} suites)",
+        rows.append((f"auto on {name} (fit on {len(suites)} suites)",
                      f">= {TARGET_SHARE:.0%} within 3%, worst <= {TARGET_WORST}x",
                      f"{score.within}/{score.cases} within 3% ({share:.0%}), worst {score.worst_ratio or 0:.3f}x "
                      f"({score.worst_case})", ok))
+
+    if args.auto_only:
+        print("\n".join(f"| {a} | {b} | {c} | {'yes' if ok else 'no'} |" for a, b, c, ok in rows))
+        return
 
     # 2. two identical runs
     base = out / "fit-seed-controls.json"
