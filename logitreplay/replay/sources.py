@@ -3,7 +3,6 @@ streamed one case at a time; and the short source description tables show for a 
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logitreplay.archive import ELEMENT_BYTES, Archive, Case, CaseInfo
+from logitreplay.archive.ids import check_globs, matches
 from logitreplay.datasets import controls as derived
 from logitreplay.datasets import synth
 from logitreplay.errors import ArchiveError
@@ -140,16 +140,13 @@ def _select(entries: list[tuple[Archive, CaseInfo] | synth.Recipe], globs: Seque
     """The entries whose id matches one of `globs` (an exact id is a glob of itself) and `regex`
     (searched); a glob or a regular expression that matches no case is an error, not an empty run."""
     ids = [_entry_id(e) for e in entries]
-    for glob in globs:
-        if not any(fnmatch.fnmatchcase(cid, glob) for cid in ids):
-            raise ArchiveError(f"--case {glob}: matches none of the {len(ids)} case ids (e.g. {ids[0] if ids else '-'})")
+    check_globs(ids, globs)
     try:
         pattern = None if regex is None else re.compile(regex)
     except re.error as e:
         raise ArchiveError(f"--match {regex}: not a regular expression ({e})") from None
     kept = [e for e, cid in zip(entries, ids, strict=True)
-            if (not globs or any(fnmatch.fnmatchcase(cid, g) for g in globs))
-            and (pattern is None or pattern.search(cid))]
+            if matches(cid, globs) and (pattern is None or pattern.search(cid))]
     if not kept:
         raise ArchiveError(f"--match {regex}: matches none of the {len(ids)} case ids (with --case: "
                            f"{', '.join(globs) or '-'})")
