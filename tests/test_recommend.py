@@ -64,3 +64,22 @@ def test_a_source_measured_at_several_widths_gets_its_own_rule() -> None:
     assert [(c.below, c.above) for c in normal.crossovers] == [("native", "deepselect")]
     assert 8192 < normal.crossovers[0].width < 32768 and "[normal only]" in normal.rule
     assert "normal+100" not in rules  # measured at one width: no rule of its own
+
+
+def test_evaluate_scores_each_case_by_the_rule_and_by_its_width_alone() -> None:
+    from logitreplay.replay.recommend import evaluate, fit_rule
+
+    result = _result({4096: (100, 200), 16384: (400, 200)})
+    plus = CaseResult("plus100", 1024, 4096, 512, "float32", 4096, "normal+100", 4096 * 4096)
+    plus.results = [SelectorResult("native", "ok", timing=Timing([2000], "cuda-events")),
+                    SelectorResult("deepselect", "ok", timing=Timing([200], "cuda-events"))]
+    again = _result({4096: (110, 200)}).cases[0]
+    again.case_id = "c4096-b"
+    result.cases += [plus, again]  # two normal cases beside one concentrated: native wins at 4096
+    feats = {"c4096": {"bin_load": 0.01}, "c4096-b": {"bin_load": 0.01}, "c16384": {"bin_load": 0.02},
+             "plus100": {"bin_load": 4.0}}
+    rule = fit_rule(result, case_features=feats)
+    rows = {e.case_id: e for e in evaluate(rule, result, feats)}
+    assert rows["plus100"].chosen == "deepselect" and rows["plus100"].ratio == pytest.approx(1.0)
+    assert rows["plus100"].width_ratio == pytest.approx(10.0) and "bin_load" in rows["plus100"].why
+    assert rows["c4096"].ratio == pytest.approx(1.0) and "cols 4096" in rows["c4096"].why
