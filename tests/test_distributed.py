@@ -6,6 +6,7 @@ it was in, and the report says which."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,13 +19,15 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logitreplay.archive import Case
+from logitreplay.archive import Archive, Case
 from logitreplay.cli import main
+from logitreplay.datasets import hub
 from logitreplay.replay.distributed import shard
 from logitreplay.replay.merge import differences
 from logitreplay.replay.results import ReplayResult, read_json
 from logitreplay.replay.sources import case_costs, open_cases
 from logitreplay.selectors.reference import ReferenceSelector
+from tests.hub_server import LoopbackHub
 from tests.test_merge import tiny_archive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +139,27 @@ def test_torchrun_gives_the_single_process_report(archive: str, single: ReplayRe
     report = read_json(tmp_path / "t.json")
     assert differences(single, report) == []
     _check_ranks(report, 2)
+
+
+@pytest.mark.slow
+def test_ranks_read_a_hub_dataset_case_by_case_not_each_the_whole(archive: str, tmp_path: Path) -> None:
+    """Each stored file of a case is fetched as often over two ranks as by one process: every rank reads
+    its own cases' bytes (after the listing, which each rank reads), never the whole dataset."""
+    with LoopbackHub() as loopback:
+        loopback.publish_folder("org/tiny", hub.stage(Archive.open(archive), "org/tiny", tmp_path / "stage").path)
+        env = {"HF_ENDPOINT": loopback.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": ""}
+        counts = []
+        for name, extra in (("one", ()), ("two", ("--devices", "0,1"))):
+            loopback.requests.clear()
+            done = _replay("hf://datasets/org/tiny", tmp_path / f"{name}.json", *extra, env=env)
+            assert done.returncode == 0, done.stderr
+            data = [path for _, path, _ in loopback.requests if re.search(r"/cases/[^/]+/.+", path)
+                    and not path.endswith("zarr.json")]
+            counts.append({path: data.count(path) for path in data})
+    assert counts[0] and counts[1] == counts[0]
+    two = read_json(tmp_path / "two.json")
+    assert differences(read_json(tmp_path / "one.json"), two) == []
+    assert re.fullmatch(r"hf://datasets/org/tiny@[0-9a-f]{40}", two.environment["inputs"][0])
 
 
 def test_devices_is_checked_before_any_rank_starts(archive: str, monkeypatch: pytest.MonkeyPatch) -> None:
