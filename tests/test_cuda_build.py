@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from logitreplay.archive import Case
 from logitreplay.cli import main
+from logitreplay.selectors import vllm_libs
 from logitreplay.selectors.cuda import abi, build
 from logitreplay.selectors.cuda.kernels import NativeCuda
 
@@ -177,3 +178,34 @@ def test_every_bundled_kernel_compiles_and_is_then_cached(monkeypatch: pytest.Mo
     build.toolchain()  # cached per process: a cached build needs no compiler call at all
     monkeypatch.setattr(subprocess, "run", no_compiler)
     assert build.build("native", "sm_90a") in libs
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_no_code_for_this_gpu_is_read_from_a_real_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The architecture probe that makes an adapter say "no sm_100 code in ..." (vllm_libs.missing_arch),
+    on a library nvcc really built for sm_90a: its fatbin holds one sm_90 cubin, which runs on 9.0 only."""
+    monkeypatch.setenv("LOGITREPLAY_CACHE", str(tmp_path))
+    lib = build.build("native", "sm_90a")
+    assert vllm_libs.fatbin_archs(str(lib)) == {("cubin", 90)}
+    loaded = vllm_libs.Loaded(str(lib), str(lib))
+    assert vllm_libs.missing_arch(loaded, "native", (9, 0)) is None
+    assert vllm_libs.missing_arch(loaded, "native", (10, 0)) == "no sm_100 code in native (it has sm_90)"
+    assert vllm_libs.missing_arch(loaded, "native", (8, 0)) == "no sm_80 code in native (it has sm_90)"
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_the_work_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The work record's build (WORK_FLAGS) is cached apart from the default one, and its workspace has
+    one record per row after the default's; the default build's has none."""
+    monkeypatch.setenv("LOGITREPLAY_CACHE", str(tmp_path))
+    abi.entry_points.cache_clear()
+    try:
+        plain = abi.entry_points("native", "sm_90a")
+        work = abi.entry_points("native", "sm_90a", build.WORK_FLAGS)
+        assert build.build("native", "sm_90a") != build.build("native", "sm_90a", build.WORK_FLAGS)
+        assert int(plain["workspace_bytes"](64, 100, 8, 0)) == abi.STATUS_BYTES
+        assert int(work["workspace_bytes"](64, 100, 8, 0)) == abi.STATUS_BYTES + 64 * abi.WORK_BYTES
+    finally:
+        abi.entry_points.cache_clear()

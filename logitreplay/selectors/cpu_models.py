@@ -46,8 +46,9 @@ from logitreplay.archive import Case
 NATIVE_BINS = 2048
 NATIVE_FINAL_ITEMS = 2048
 # The split kernel's plan (split.cu) on an H200: its grid (132 SMs, 2 blocks each), smallest chunk, key
-# cache and the most rows it splits.
+# cache and the most rows it splits. (tests/test_kernel_constants.py reads each from the kernel sources.)
 SPLIT_GRID = 264
+SPLIT_SHARE_DIV = 2  # kShareDiv: the least share of the grid the plan spreads elements over is grid / this
 SPLIT_MIN_CHUNK = 2048
 SPLIT_CACHE_BYTES = 96 << 10
 SPLIT_ROWS = 1024
@@ -58,6 +59,13 @@ _SPLIT_WINDOW = (127 - 16) << 5  # split's coarse bins: (exponent, top 5 mantiss
 _CHUNK_CELLS = 1 << 22
 _NO_KEY = -(2**31)  # below every key: marks cells that are not candidates
 _PERM_PRIME = 2654435761  # deepselect.cu's kPermPrime: its residue modulo m is coprime with m
+# deepselect.cu: the top_k classes (the wide variant for those up to DS_WIDE_MAX_K), rows of at least
+# DS_WIDE_STRIDE taking it, and the key bits its first threshold and its selects resolve, (fp32, bf16).
+DS_CLASSES = (512, 1024, 2048, 4096)
+DS_WIDE_MAX_K = 1024
+DS_WIDE_STRIDE = 16384
+DS_FIRST_BITS = (24, 16)
+DS_KEY_BITS = (32, 16)
 
 
 @dataclass
@@ -230,7 +238,7 @@ def split_plan(lengths: np.ndarray, top_k: int, key_bytes: int = 4, grid: int = 
     lengths = np.clip(lengths.astype(np.int64), 0, None)
     if lengths.size > SPLIT_ROWS:
         return np.ones_like(lengths)
-    share = max(grid - lengths.size, grid // 2)
+    share = max(grid - lengths.size, grid // SPLIT_SHARE_DIV)
     chunk = min(max(-(-int(lengths.sum()) // share), SPLIT_MIN_CHUNK), SPLIT_CACHE_BYTES // key_bytes)
     return np.where((lengths > top_k) & (lengths > chunk), np.minimum(-(-lengths // chunk), grid), 1)
 
@@ -356,8 +364,8 @@ class DeepSelectConfig:
 
 def deepselect_config(top_k: int, row_stride: int) -> DeepSelectConfig:
     """The kernel's configuration for this top_k and row stride (deepselect.cu's Config, kWideStride)."""
-    k_max = next(c for c in (512, 1024, 2048, 4096) if top_k <= c or c == 4096)
-    wide = row_stride >= 16384 and k_max <= 1024
+    k_max = next(c for c in DS_CLASSES if top_k <= c or c == DS_CLASSES[-1])
+    wide = row_stride >= DS_WIDE_STRIDE and k_max <= DS_WIDE_MAX_K
     return DeepSelectConfig(k_max, 16 if wide else 8, 16 if k_max == 4096 else 8, max(1024, k_max))
 
 
@@ -428,7 +436,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
     first threshold came from the first round, lost the rows to redo.
     Keys are the kernel's unsigned order keys (as int64; -1 marks an empty buffer cell). Its selects
     resolve bf16 keys to 16 bits (all they carry), fp32 keys to 32, and the first threshold to 24."""
-    first_low, select_low = (0xFFFF, 0xFFFF) if bf16 else (0xFF, 0)
+    first_low, select_low = ((1 << (32 - bits[bf16])) - 1 for bits in (DS_FIRST_BITS, DS_KEY_BITS))
     n, width = x.shape
     key = f32_key(x).to(torch.int64) + 2**31
     lengths = ends - starts
