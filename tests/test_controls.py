@@ -138,3 +138,18 @@ def test_synth_like_writes_the_controls_replay_derives(tmp_path: Path) -> None:
     bad = CliRunner().invoke(main, ["synth", "--controls", "matched", "--out", str(tmp_path / "d.zarr")])
     assert bad.exit_code != 0 and "--like" in bad.output
 
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_indexer_control_scores_the_cases_rows_as_an_indexer_would(dtype: str) -> None:
+    real = _case(dtype)
+    a, b = controls.derive(real, "indexer"), controls.derive(real, "indexer")
+    assert a.case_id == f"{real.case_id}~indexer" and controls.split_id(a.case_id) == (real.case_id, "indexer")
+    assert (a.rows, a.cols, a.row_stride, a.top_k, a.dtype) == (real.rows, real.cols, 48, 8, dtype)
+    assert np.array_equal(a.row_starts, real.row_starts) and np.array_equal(a.row_ends, real.row_ends)
+    other = _case(dtype, 1)
+    other.case_id = "another-case"
+    assert np.array_equal(a.values, b.values)
+    assert not np.array_equal(a.values, controls.derive(other, "indexer").values)
+    assert a.attrs["indexer"]["heads"] == 64 and a.attrs["control_seed"] == controls.seed(real.case_id, "indexer")
+    assert controls.parse("indexer") == ("indexer",)

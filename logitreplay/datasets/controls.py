@@ -8,7 +8,11 @@ but the values held fixed (rows, bounds, cols, row stride, dtype, top_k):
 - `ablate`: the case's own values + 100 and * 1e-8, rounded to the case's dtype (the distribution
   ablation that collapses fp16 histogram bins, applied to real scores), two derived cases;
 - `shuffle`: the case's values permuted within each row (the same multiset per row, so the same top-k
-  values and ties, with no positional structure left).
+  values and ties, with no positional structure left);
+- `indexer`: scores made as DeepSeek V3.2's indexer makes them (`datasets/indexer.py`: FP8 per-head q.k,
+  ReLU, weighted sum, sinks, recency, repeated text) for the case's rows, each row's keys its own column
+  range of one text as wide as the case, its query the row's last key (what synthetic indexer logits in
+  this shape would look like, beside what the captured ones are).
 
 Random draws are seeded from the real case's id and the control's name, so a control is the same on
 every machine and run; the seed is recorded in its attributes. The replay source (`replay/sources.py`)
@@ -20,21 +24,26 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import torch
 
 from logitreplay.archive import Case
+from logitreplay.datasets.indexer import Indexer, IndexerModel
 
 # Control kind (what users name) -> the derived cases it adds (their names).
 KINDS: dict[str, tuple[str, ...]] = {
     "matched": ("matched",),
     "ablate": ("ablate+100", "ablate*1e-8"),
     "shuffle": ("shuffle",),
+    "indexer": ("indexer",),
 }
 SEPARATOR = "~"  # a derived case is named <real case id>~<suffix>
-_SUFFIX = {"matched": "matched", "ablate+100": "plus100", "ablate*1e-8": "times1e-8", "shuffle": "shuffle"}
+_SUFFIX = {"matched": "matched", "ablate+100": "plus100", "ablate*1e-8": "times1e-8", "shuffle": "shuffle",
+           "indexer": "indexer"}
+INDEXER = IndexerModel.of("deepseek-v3.2")  # the indexer control's model and structure (recorded on it)
 _NAME = {suffix: name for name, suffix in _SUFFIX.items()}
 
 
@@ -84,11 +93,15 @@ def derive(case: Case, name: str) -> Case:
     elif name == "shuffle":
         s = seed(case.case_id, name)
         new = values[torch.from_numpy(_row_permutation(case.lengths, np.random.default_rng(s)))]
+    elif name == "indexer":
+        s = seed(case.case_id, name)
+        new = torch.from_numpy(_indexer_rows(case, s))
     else:
         raise ValueError(f"unknown control {name!r}; known: {', '.join(_SUFFIX)}")
     new = new.to(values.dtype)  # ablations are rounded once, to the case's own dtype
     attrs: dict[str, Any] = {"source": "control", "control": name, "control_of": case.case_id, "control_seed": s,
              "distribution": f"{name} control",
+             **({"indexer": asdict(INDEXER)} if name == "indexer" else {}),
              **{k: case.attrs[k] for k in ("kind", "decode") if k in case.attrs}}  # a decode call stays one
     return Case.from_rows(control_id(case.case_id, name), new, case.row_starts, case.row_ends, top_k=case.top_k,
                           cols=case.cols, row_stride=case.row_stride, attrs=attrs)
@@ -99,6 +112,23 @@ def with_controls(case: Case, kinds: Sequence[str]) -> Iterator[Case]:
     yield case
     for name in derived_names(kinds):
         yield derive(case, name)
+
+
+def _indexer_rows(case: Case, s: int) -> np.ndarray:
+    """The indexer control's ragged values: consecutive rows that share a start (a chunk's, a request's)
+    are scored together, at most 16 at a time, over one text with sinks at every row start."""
+    starts, ends = case.row_starts.astype(np.int64), case.row_ends.astype(np.int64)
+    ix = Indexer(INDEXER, s)
+    text = ix.text(case.cols, np.unique(starts))
+    rng = np.random.default_rng([s, 5])
+    out: list[np.ndarray] = []
+    first = 0
+    for r in range(1, case.rows + 1):
+        if r == case.rows or starts[r] != starts[first] or r - first == 16:
+            lo, e = int(starts[first]), ends[first:r]
+            out += ix.rows(text, lo, np.minimum(np.maximum(e, lo + 1), case.cols) - 1, e - lo, rng)
+            first = r
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
 
 def _row_permutation(lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -178,6 +178,14 @@ class Indexer:
         w = torch.from_numpy(rng.normal(self.weight_mean, 0.25, (n, m.heads))).to(torch.bfloat16).float()
         return q, w * q_scale.reshape(n, m.heads) * float(np.float32((m.heads * m.head_dim) ** -0.5))
 
+    def rows(self, text: Text, lo: int, positions: np.ndarray, lengths: np.ndarray,
+             rng: np.random.Generator) -> list[np.ndarray]:
+        """The float32 scores of queries at `positions` of `text` over its keys from `lo`, each row cut to
+        its length (a chunk's or a request's rows, which share their first key)."""
+        q, w = self.queries(text, positions, rng)
+        sc = self.scores(q, w, text, lo, lo + int(lengths.max(initial=0))).numpy()
+        return [sc[r, :n] for r, n in enumerate(lengths.tolist())]
+
     def scores(self, q: torch.Tensor, w: torch.Tensor, text: Text, lo: int, hi: int) -> torch.Tensor:
         """float32 (n, hi - lo): the scores of n queries over keys [lo, hi) of `text`."""
         n = q.shape[0]

@@ -396,16 +396,12 @@ def indexer_values(recipe: IndexerRecipe | IndexerDecodeRecipe, ends: np.ndarray
         for o, n, row_ends in zip(offsets.tolist(), length.tolist(), per, strict=True):
             if n == 0:
                 continue
-            q, w = ix.queries(text, o + np.maximum(row_ends, 1) - 1, rng)
-            sc = ix.scores(q, w, text, o, o + n).numpy()
-            out += [sc[r, :e] for r, e in enumerate(row_ends.tolist())]
+            out += ix.rows(text, o, o + np.maximum(row_ends, 1) - 1, row_ends, rng)
     else:
         text = ix.text(recipe.cols, np.zeros(1, dtype=np.int64))
         for b in range(0, recipe.rows, 16):
             block = ends[b:b + 16]
-            q, w = ix.queries(text, np.maximum(block, 1) - 1, rng)
-            sc = ix.scores(q, w, text, 0, int(block.max())).numpy()
-            out += [sc[r, :e] for r, e in enumerate(block.tolist())]
+            out += ix.rows(text, 0, np.maximum(block, 1) - 1, block, rng)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
 
