@@ -32,6 +32,7 @@ from tests.test_merge import tiny_archive
 
 ROOT = Path(__file__).resolve().parents[1]
 KILL_ENV = "LOGITREPLAY_TEST_KILL_CASE"
+KILL_RANK_ENV = "LOGITREPLAY_TEST_KILL_RANK"
 
 
 class _Killer(ReferenceSelector):
@@ -46,6 +47,9 @@ class _Killer(ReferenceSelector):
 
 
 def make_killer() -> _Killer:
+    """The killer; in the rank named in KILL_RANK_ENV it kills its process as it is built (before any case)."""
+    if os.environ.get(KILL_RANK_ENV) is not None and os.environ.get(KILL_RANK_ENV) == os.environ.get("RANK"):
+        os.kill(os.getpid(), signal.SIGKILL)
     return _Killer()
 
 
@@ -127,6 +131,21 @@ def test_a_killed_rank_loses_only_its_case_in_progress(archive: str, single: Rep
     whole.cases = [c for c in whole.cases if c.case_id != "t3"]
     assert differences(whole, others) == []
     assert len(report.notes) == len(single.notes) + 1
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_before_any_case_is_not_restarted_and_its_cases_are_lost(
+        archive: str, single: ReplayResult, tmp_path: Path) -> None:
+    done = _replay(archive, tmp_path / "g.json", "--devices", "0,1", env={KILL_RANK_ENV: "1"})
+    assert done.returncode == 0, done.stderr  # without --strict: RESULTS FAILED, exit status 0
+    report = read_json(tmp_path / "g.json")
+    assert [c.case_id for c in report.cases] == [c.case_id for c in single.cases]
+    gone = report.ranks[1]["cases"]
+    assert gone and report.ranks[1]["lost"] == gone and report.ranks[0]["lost"] == []
+    why = "lost: rank 1: its process was killed by SIGKILL before its next case"
+    assert {c.case_id: c.invalid for c in report.cases} == {c: why if c in gone else None
+                                                            for c in (x.case_id for x in single.cases)}
+    assert "rank 1 stopped: its process was killed by SIGKILL before its next case" in report.notes[-1]
 
 
 @pytest.mark.slow

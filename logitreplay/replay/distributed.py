@@ -215,22 +215,23 @@ def _collect(store: Any, config: ReplayConfig, shares: list[list[int]], ids: lis
     own = ReplayResult.from_json(json.loads(first))
     runs, ranks, notes = [], [], []
     for r, share in enumerate(shares):
+        missing = [p for p in share if not store.check([f"case/{p}"])]
         gave_up = _get(store, f"gave-up/{r}")
         if gave_up is not None:
-            for p in share:
-                if not store.check([f"case/{p}"]):
-                    store.set(f"case/{p}", json.dumps(_lost(ids[p], f"rank {r} {gave_up}").to_json()))
+            for p in missing:
+                store.set(f"case/{p}", json.dumps(_lost(ids[p], f"rank {r}: {gave_up}").to_json()))
             notes.append(f"rank {r} stopped: {gave_up}; its cases not replayed are reported lost")
-        record = json.loads(_get(store, f"rank/{r}") or "null") or {
+        written = _get(store, f"rank/{r}")  # the record a rank writes when its share is done
+        record: dict[str, Any] = json.loads(written) if written else {
             "rank": r, "host": "", "device": "", "gpu": None, "cases": [ids[p] for p in share],
-            "lost": [ids[p] for p in share if not store.check([f"case/{p}"])]}
+            "lost": [ids[p] for p in missing]}
         ranks.append(record)
         summary = summaries[r]
         result = ReplayResult.from_json(json.loads(summary)) if summary else replace(own, cases=[])
         result.cases = [CaseResult.from_json(json.loads(store.get(f"case/{p}"))) for p in share]
         runs.append(ReplayRun(result, list(share), config, list(config.locations)))
-        notes += [f"rank {r} ({record['device']} on {record['host']}) died during case {cid}; it went on with its "
-                  "next case" for cid in record["lost"]]
+        notes += [f"rank {r} ({record['device']} on {record['host']}) died during case {cid}; the rank went on "
+                  "with the rest of its share" for cid in (record["lost"] if written else [])]
     merged = merge_runs([run for run in runs if run.places])
     merged.result.device = own.device.split(":")[0] if ":" not in (config.device or "") else own.device
     merged.result.environment = own.environment
