@@ -90,15 +90,6 @@ def _get(store: Any, key: str) -> str | None:
     return store.get(key).decode() if store.check([key]) else None
 
 
-def _wait_all(store: Any, keys: Iterable[str]) -> None:
-    """Until every key is set (polled: the others may take hours, longer than any store timeout)."""
-    pending = list(keys)
-    while pending:
-        pending = [k for k in pending if not store.check([k])]
-        if pending:
-            time.sleep(_POLL_S)
-
-
 def _lost(case_id: str, why: str) -> CaseResult:
     """The result of a case its rank did not finish: invalid (so `--strict` fails), saying why."""
     return CaseResult(case_id, 0, 0, 0, "-", 0, "lost", 0, invalid=f"lost: {why}")
@@ -149,7 +140,7 @@ def _replay_share(store: Any, rank: int, config: ReplayConfig, share: list[int],
     lost, not replayed again. Ends with the rank's record (`rank/R`) and `done/R`."""
     lost = json.loads(_get(store, f"lost/{rank}") or "[]")
     at = _get(store, f"at/{rank}")
-    if at:  # this rank's previous child died in this case
+    if at and not store.check([f"case/{at}"]):  # this rank's previous child died in this case
         why = f"rank {rank} ({where}) {_get(store, f'died/{rank}') or 'died'} during this case"
         store.set(f"case/{at}", json.dumps(_lost(ids[int(at)], why).to_json()))
         lost.append(ids[int(at)])
