@@ -2,8 +2,9 @@
 
 `sticky()` triggers a device-side assert on CUDA (an index past the end of a tensor): the CUDA context of
 its process is lost for good, as with an illegal memory access in a plugin's kernel. On CPU it raises the
-same error text in the process whose id is in LR_TEST_LOSE_PID (the CPU tests make the engine believe the
-context is then lost) and behaves like the reference elsewhere, so the fresh processes finish the run.
+same error text in the first process that creates the file named by LR_TEST_LOSE_ONCE, and makes the
+engine there believe the context is then lost; it behaves like the reference elsewhere, so the fresh
+worker finishes the run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 
 import torch
 
+from logitreplay.replay import cuda_errors
 from logitreplay.selectors.base import Launch
 from logitreplay.selectors.reference import ReferenceSelector
 
@@ -30,9 +32,21 @@ class Sticky(ReferenceSelector):
                 out[0, :1] = src[bad]  # index out of range: device-side assert, sticky
 
             return launch
-        if os.environ.get("LR_TEST_LOSE_PID") == str(os.getpid()):
+        if _first_here(os.environ.get("LR_TEST_LOSE_ONCE")):
+            cuda_errors.context_lost = lambda device: "RuntimeError: CUDA error: illegal address"
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return reference
+
+
+def _first_here(marker: str | None) -> bool:
+    """Whether this is the first process to ask (it creates `marker`), as the first to lose its context."""
+    if not marker:
+        return False
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def sticky() -> Sticky:

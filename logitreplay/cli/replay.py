@@ -92,12 +92,15 @@ def _decide(result: ReplayResult, inputs: list[str], suite: str | None, recommen
 
 
 def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, plot_path: Path | None) -> None:
+    unchecked = None  # a schema check that could not run says so; the report is written all the same
     if json_out == STDOUT:
         data = result.to_json()
-        validate(data)
+        unchecked = validate(data)
         click.echo(json.dumps(data, indent=1, allow_nan=False))
     elif json_out is not None:
-        write_json(result, Path(json_out))
+        unchecked = write_json(result, Path(json_out))
+    if unchecked is not None:
+        click.echo(f"note: {unchecked}", err=True)
     if csv_path is not None:
         report.write_csv(result, csv_path)
     if plot_path is not None:

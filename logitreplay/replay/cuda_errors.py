@@ -6,8 +6,7 @@ device-side assert poisons the whole CUDA context (an aborted graph capture can 
 unusable), and every later CUDA call of the process fails. After any error from selector code the engine
 probes the context (`context_lost`); when it is gone, `DeviceLost` carries the case's partial result
 (the culprit's error) out of the engine, and the rest of the run (that case for the other selectors, and
-every later case) continues in fresh child processes, one per selector (resume.py), where that context
-cannot follow.
+every later case) continues in a fresh worker process (isolate.py), where that context cannot follow.
 """
 
 from __future__ import annotations

@@ -1,46 +1,60 @@
-"""`replay --isolate`: every selector runs in a child process of its own, so a selector that hangs, kills
-its process, or breaks the CUDA context (an illegal memory access poisons the whole context) loses only
-its own results for the case where it happened; the other selectors, and its later cases, still run.
+"""Workers: the replay runs in child processes that the parent supervises, so nothing a selector does
+(`os._exit`, a segfault, the OOM killer, a CUDA abort or lost context, a hang past `--timeout`) takes
+the run down: the parent owns the report and the exit status.
 
-The parent starts one child per selector with a JSON job on stdin. The child replays the cases in order
-and writes one line per case to stdout (`@case` before it starts one, `@result` when done). When a line
-does not come within the per-case timeout, or the child dies, the parent records an error for that
-(case, selector) and starts a new child at the next case. Timing rounds alternate only within one
-selector here (each child times its selector alone), which the report notes.
+A job is the selectors one worker replays: all of them (the default; timing rounds alternate across
+them exactly as in one process) or one (`--isolate`, `--timeout`, two builds of one kernel library).
+The worker replays the job's cases in order and sends, per case, `case` (its header) before any
+selector runs on it, `step` (the selectors about to run) and `result`.
+
+When a worker ends early, the parent knows the case and the step in progress. A step of one selector
+ends that selector's result on that case with the reason ("worker died: SIGSEGV", "timed out after 5 s
+(worker killed)"); a step of several is run again in a fresh worker one selector at a time, which finds
+the one; a worker that reports a lost CUDA context (cuda_errors.py) has sent its culprit's result
+itself; a death while reading a case makes that case invalid. A fresh worker then continues from that
+case with the selectors whose result there is not yet known.
+
+Workers are forked from multiprocessing's fork server, which imports torch and the engine once per run
+and never initialises CUDA or a thread pool: a worker starts in milliseconds, and its torch state is a
+fresh process's (a fork of the parent itself would inherit its CUDA context and OpenMP pools, which hang
+or fail in a child). The worker takes the parent's working directory, environment, import path and
+thread count.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import multiprocessing
 import os
-import queue
 import signal
-import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
-from typing import IO, Any
+import tempfile
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+from typing import Any
 
-from logitreplay.errors import ReplayError, SelectorError
+from logitreplay.errors import ReplayError, one_line
 from logitreplay.replay.protocol import TimingProtocol
 from logitreplay.replay.results import CaseResult, SelectorResult
-from logitreplay.selectors.base import Selector
 
-_READY, _CASE, _RESULT = "@ready", "@case ", "@result "
-# Seconds a child may take to start (import torch, build its selector) and to read its next case: the
-# per-case `--timeout` counts only the selector's own time (verify + time), from `@case` to `@result`.
+# Seconds a worker may take to start (the fork server's first import of torch) and to read its next
+# case: a `--timeout` counts only the selectors' own time on a case, from `step` to `result`.
 STARTUP_S = 600.0
+# What the fork server imports once, so that no worker imports it again.
+PRELOAD = ["torch", "logitreplay.archive", "logitreplay.replay.engine", "logitreplay.replay.sources",
+           "logitreplay.selectors.registry", "logitreplay.selectors.bundled"]
 
 
 @dataclass(frozen=True)
 class Job:
-    """What a child needs to rebuild the run: the same cases, one selector (its spec, and the name its
-    column has), the same protocol."""
+    """What a worker needs to rebuild its part of the run: the same cases, its selectors (specs, and the
+    names their columns have), the same protocol; where to start, and which selectors' results on that
+    first case are already known (`known`: not run there again) or must be found one at a time
+    (`one_by_one`)."""
 
-    selector: str
-    name: str
+    specs: tuple[str, ...]
+    names: tuple[str, ...]
     locations: list[str]
     suite: str | None
     scale: str
@@ -48,24 +62,85 @@ class Job:
     protocol: dict[str, Any]
     poison: float
     read_bandwidth: float | None
-    start: int = 0
     controls: tuple[str, ...] = ()  # `replay --controls`: derived cases follow each case
     case_globs: tuple[str, ...] = ()  # `replay --case`, `--match`: the same cases as the parent
     case_regex: str | None = None
     only: tuple[int, ...] | None = None  # `ReplayConfig.case_indices`: the same subset as the parent
+    start: int = 0
+    known: tuple[str, ...] = ()
+    one_by_one: bool = False
+    context: dict[str, Any] = field(default_factory=dict)  # the parent's cwd, environment, sys.path, threads
 
 
-def replay_isolated(jobs: list[Job], total: int, timeout_s: float) -> Iterator[tuple[str, int, CaseResult]]:
-    """Run each job (one selector) in children; yields (selector name, case index, result) as they come."""
-    for job in jobs:
-        start = job.start
-        while start < total:
-            before = start
-            for index, result in _run_child(replace(job, start=start), timeout_s):
-                yield job.name, index, result
-                start = index + 1
-            if start == before:
-                raise ReplayError(f"isolated child for {job.name!r} ended without a result at case {start}")
+@dataclass(frozen=True)
+class _End:
+    """How a worker ended before its last case: in case `index` (`started`: its header was sent), in
+    `step` (the selectors running; None between them), why; `lost`: it reported a lost CUDA context,
+    `culprit` the selector whose result it sent for that (None: the timing of several lost it)."""
+
+    index: int
+    started: bool
+    step: tuple[str, ...] | None
+    reason: str
+    lost: bool = False
+    culprit: str | None = None
+
+
+def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -> Iterator[tuple[int, CaseResult]]:
+    """Every case of `job` from its start as (case index, result of the job's selectors), each once all
+    of them are known; a worker that ends early is replaced as the module docstring says, with a note."""
+    headers: dict[int, CaseResult] = {}
+    parts: dict[int, dict[str, SelectorResult]] = {}
+    job = replace(job, context=job.context or _context())
+    while job.start < total:
+        worker = _run_worker(job, timeout_s)
+        while True:
+            try:
+                kind, index, case = next(worker)
+            except StopIteration as stop:
+                end: _End | None = stop.value
+                break
+            headers.setdefault(index, replace(case, results=[]))
+            if kind == "result":
+                parts.setdefault(index, {}).update({r.selector: r for r in case.results})
+                if case.invalid or set(job.names) <= set(parts[index]):
+                    yield index, _whole(case, parts.pop(index), job.names)
+        if end is None:
+            return
+        job = _after(job, end, headers, parts, notes)
+        if end.index in headers and (headers[end.index].invalid or set(job.names) <= set(parts.get(end.index, {}))):
+            yield end.index, _whole(headers[end.index], parts.pop(end.index, {}), job.names)
+
+
+def _after(job: Job, end: _End, headers: dict[int, CaseResult], parts: dict[int, dict[str, SelectorResult]],
+           notes: list[str]) -> Job:
+    """The job of the next worker after `end`, recording the result it settles."""
+    i = end.index
+    if not end.started:  # it died reading the case: the case is unusable, the run goes on after it
+        headers[i] = CaseResult(f"#{i}", 0, 0, 0, "-", 0, "unreadable", 0,
+                                invalid=f"the worker died while reading this case: {end.reason}")
+        notes.append(f"case {i} (0-based) could not be read: {end.reason}")
+        return replace(job, start=i + 1, known=(), one_by_one=False)
+    have = parts.setdefault(i, {})  # every result on case i so far, from this worker and the ones before
+    unresolved = [n for n in end.step or () if n not in have]
+    one_by_one = job.one_by_one and i == job.start
+    if end.lost:  # the culprit's error is its result (when one selector alone lost the context)
+        notes.append(f"{end.reason} on case {headers[i].case_id}; a fresh worker continued the run from there")
+        one_by_one = one_by_one or end.culprit is None
+    elif len(unresolved) == 1:
+        have[unresolved[0]] = SelectorResult(unresolved[0], "error", end.reason)
+        notes.append(f"{unresolved[0]} ended its worker on case {headers[i].case_id} ({end.reason}); a fresh "
+                     "worker continued the run from there")
+    elif unresolved:  # one of several ended it: a fresh worker runs them one at a time to find which
+        one_by_one = True
+    known = tuple(n for n in job.names if n in have)
+    if len(known) == len(job.names):
+        return replace(job, start=i + 1, known=(), one_by_one=False)
+    return replace(job, start=i, known=known, one_by_one=one_by_one)
+
+
+def _whole(header: CaseResult, results: dict[str, SelectorResult], names: tuple[str, ...]) -> CaseResult:
+    return replace(header, results=[] if header.invalid else [results[n] for n in names if n in results])
 
 
 def merge(per_selector: dict[str, dict[int, CaseResult]], order: list[str], total: int) -> list[CaseResult]:
@@ -82,125 +157,148 @@ def merge(per_selector: dict[str, dict[int, CaseResult]], order: list[str], tota
     return merged
 
 
-def _run_child(job: Job, timeout_s: float) -> Iterator[tuple[int, CaseResult]]:
-    cmd = [sys.executable, "-m", "logitreplay.replay.isolate"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    proc.stdin.write(json.dumps(asdict(job)))
-    proc.stdin.close()
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-    stderr_tail: list[str] = []
-    threading.Thread(target=_tail, args=(proc.stderr, stderr_tail), daemon=True).start()
+def start_server() -> None:
+    """Start the fork server now (it imports torch once), so that its start-up overlaps the parent's."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+def _context() -> dict[str, Any]:
+    import torch
+
+    return {"cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path),
+            "threads": torch.get_num_threads()}
+
+
+def _run_worker(job: Job, timeout_s: float | None) -> Generator[tuple[str, int, CaseResult], None, _End | None]:
+    """One worker over `job`: yields ("case" | "result", index, CaseResult) as they come; returns None
+    when it replayed every case, else how it ended."""
+    start_server()
+    ctx = multiprocessing.get_context("forkserver")
+    with tempfile.NamedTemporaryFile(prefix="logitreplay-worker-", suffix=".log", delete=False) as log:
+        pass
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_work, args=(job, writer, log.name))
+    proc.start()
+    writer.close()
+    index, started, step, ready = job.start, False, None, False
     try:
-        yield from _results(proc, job, lines, stderr_tail, timeout_s)
-    finally:  # also on Ctrl-C in the parent: no child outlives the run
-        if proc.poll() is None:
-            _kill(proc)
+        while True:
+            limit = (timeout_s if step is not None else STARTUP_S)
+            if not wait([reader, proc.sentinel], limit):
+                _kill(proc)
+                if step is None:
+                    raise ReplayError(f"a worker for {', '.join(job.names)} did not start or read case {index} "
+                                      f"within {STARTUP_S:g} s")
+                return _End(index, started, step, f"timed out after {timeout_s:g} s (worker killed)")
+            try:
+                message = reader.recv() if reader.poll() else None
+            except EOFError:
+                message = None
+            if message is None:  # it ended without saying it was done
+                proc.join()
+                why = f"worker died: {_death(proc.exitcode, log.name)}"
+                if not ready:
+                    raise ReplayError(f"a worker for {', '.join(job.names)} failed before its first case: {why}")
+                return _End(index, started, step, why)
+            kind = message[0]
+            if kind == "ready":
+                ready = True
+            elif kind == "case":
+                index, started, step = message[1], True, None
+                yield "case", index, message[2]
+            elif kind == "step":
+                index, started, step = message[1], True, message[2]
+            elif kind == "result":  # message[3]: the case's last step
+                yield "result", message[1], message[2]
+                index, started, step = (message[1] + 1, False, None) if message[3] else (message[1], True, None)
+            elif kind == "lost":  # the engine sets the partial result (the culprit's error) on every DeviceLost
+                if message[2] is not None:
+                    yield "result", message[1], message[2]
+                return _End(index, started, step, message[3], lost=True, culprit=message[4])
+            elif kind == "done":
+                proc.join(STARTUP_S)
+                return None
+    finally:  # also on Ctrl-C in the parent: no worker outlives the run
+        _kill(proc)
+        reader.close()
+        with contextlib.suppress(OSError):
+            os.unlink(log.name)
 
 
-def _results(proc: subprocess.Popen[str], job: Job, lines: queue.Queue[str | None], stderr_tail: list[str],
-             timeout_s: float) -> Iterator[tuple[int, CaseResult]]:
-    current: CaseResult | None = None
-    index, yielded = job.start, False
-    while True:
-        try:  # start-up and reading the next case are the child's own business, not the selector's
-            line = lines.get(timeout=timeout_s if current is not None else max(STARTUP_S, timeout_s))
-        except queue.Empty:
-            _kill(proc)
-            if current is None:
-                raise ReplayError(f"isolated child for {job.selector!r} did not start or read case {index} "
-                                  f"within {max(STARTUP_S, timeout_s):g} s") from None
-            yield index, _errored(current, job.name, f"timed out after {timeout_s:g} s (child killed)")
-            return
-        if line is None:  # the child's stdout closed: it finished or died
-            code = proc.wait()
-            if current is not None:
-                why = _death(code, stderr_tail)
-                yield index, _errored(current, job.name, f"child process died: {why}")
-            elif code != 0 and not yielded:
-                raise ReplayError(f"isolated child for {job.selector!r} failed before its first case: "
-                                  f"{_death(code, stderr_tail)}")
-            return
-        if line == _READY:
-            continue
-        if line.startswith(_CASE):
-            payload = json.loads(line[len(_CASE):])
-            index, current = payload["index"], CaseResult.from_json(payload["case"])
-        elif line.startswith(_RESULT):
-            payload = json.loads(line[len(_RESULT):])
-            yield payload["index"], CaseResult.from_json(payload["case"])
-            current, yielded = None, True
+def _kill(proc: multiprocessing.process.BaseProcess) -> None:
+    if proc.pid is not None and proc.exitcode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker leads its own process group
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
 
 
-def _pump(stream: IO[str], out: queue.Queue[str | None]) -> None:
-    for line in stream:
-        if line.startswith((_READY, _CASE, _RESULT)):  # anything else is a plugin's own printing
-            out.put(line.rstrip("\n"))
-    out.put(None)
+def _death(code: int | None, log: str) -> str:
+    """`exit status 0`, `SIGSEGV`, `SIGKILL (out of memory?)`, with the worker's last line of output."""
+    if code is not None and code < 0:
+        what = signal.Signals(-code).name + (" (out of memory?)" if -code == signal.SIGKILL else "")
+    else:
+        what = f"exit status {code}"
+    try:
+        with open(log, errors="replace") as f:
+            lines = [line.strip() for line in f.read()[-4000:].splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return what + (f" ({one_line(lines[-1], 200)})" if lines else "")
 
 
-def _tail(stream: IO[str], tail: list[str]) -> None:
-    for line in stream:
-        if line.strip():
-            tail[:] = (tail + [line.strip()])[-3:]
-
-
-def _kill(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def _death(code: int, stderr_tail: list[str]) -> str:
-    what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-    return what + (f" ({stderr_tail[-1][:200]})" if stderr_tail else "")
-
-
-def _errored(case: CaseResult, selector: str, reason: str) -> CaseResult:
-    case.results = [SelectorResult(selector, "error", reason)]
-    return case
-
-
-def _child() -> None:
-    """Child side: replay the job's cases with its one selector, reporting each case as it goes."""
+def _work(job: Job, out: Connection, log: str) -> None:
+    """Worker side: replay the job's cases with its selectors, reporting each step as it goes."""
+    os.setsid()  # its own process group, out of reach of the terminal's Ctrl-C (the parent handles that)
+    os.chdir(job.context["cwd"])
+    os.environ.clear()
+    os.environ.update(job.context["env"])
+    sys.path[:] = job.context["sys_path"]
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)  # a plugin's prints, and a dying worker's last words, go to the log
+    os.dup2(fd, 2)
+    # Locks made here (zarr's codecs make one) are this process's own: as in a forked process, their
+    # names are unlinked at once, so a worker that dies leaves none for the parent's resource tracker.
+    multiprocessing.set_start_method("fork", force=True)
     import torch
 
     from logitreplay.archive import Case
+    from logitreplay.errors import SelectorError
     from logitreplay.replay.cuda_errors import DeviceLost
     from logitreplay.replay.engine import Unbuildable, case_header, device_checks, replay
     from logitreplay.replay.sources import open_cases
+    from logitreplay.selectors.base import Selector
     from logitreplay.selectors.registry import build
 
-    job = Job(**json.loads(sys.stdin.read()))
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # a plugin's prints go to stderr, never into the result stream
+    torch.set_num_threads(job.context["threads"])
     device = torch.device(job.device)
+    selectors: list[Selector] = []
+    for spec, name in zip(job.specs, job.names, strict=True):
+        try:
+            selectors.append(build(spec))
+        except (SelectorError, SystemExit) as e:  # the factory's failure is this selector's result everywhere
+            selectors.append(Unbuildable(name, str(e)))
+    out.send(("ready",))
     extra = device_checks(device)
-    try:
-        selector: Selector = build(job.selector)
-    except (SelectorError, SystemExit) as e:  # the factory's failure is this selector's result on every case
-        selector = Unbuildable(job.name, str(e))
-    out.write(_READY + "\n")
+    protocol = TimingProtocol(**job.protocol)
     cases, _, _ = open_cases(job.locations, job.suite, job.scale, start=job.start, controls=job.controls,
                              case_globs=job.case_globs, case_regex=job.case_regex, only=job.only)
-    protocol = TimingProtocol(**job.protocol)
     for index, case in enumerate(cases, start=job.start):
+        first = index == job.start
+        here = [s for s in selectors if not (first and s.name in job.known)]
         if isinstance(case, Case):
-            header = case_header(case, job.read_bandwidth)
-            out.write(_CASE + json.dumps({"index": index, "case": header.to_json()}) + "\n")
-        try:
-            result = next(replay([case], [selector], device, protocol, job.poison, extra, job.read_bandwidth))
-        except DeviceLost as lost:  # this process can do no more GPU work: the parent starts a fresh child
-            if lost.partial is None:  # the engine sets it on every DeviceLost it raises
-                raise
-            result = lost.partial
-            result.results = result.results or [SelectorResult(job.name, "error", str(lost)[:300])]
-            out.write(_RESULT + json.dumps({"index": index, "case": result.to_json()}) + "\n")
-            break
-        out.write(_RESULT + json.dumps({"index": index, "case": result.to_json()}) + "\n")
-
-
-if __name__ == "__main__":
-    _child()
+            out.send(("case", index, case_header(case, job.read_bandwidth)))
+        groups = [[s] for s in here] if first and job.one_by_one and isinstance(case, Case) else [here]
+        for n, group in enumerate(groups, start=1):
+            out.send(("step", index, tuple(s.name for s in group)))
+            try:
+                result = next(replay([case], group, device, protocol, job.poison, extra, job.read_bandwidth))
+            except DeviceLost as lost:  # this process can do no more GPU work: a fresh worker goes on
+                out.send(("lost", index, lost.partial, str(lost), lost.result.selector if lost.result else None))
+                return
+            out.send(("result", index, result, n == len(groups)))
+    out.send(("done",))

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from logitreplay.errors import LogitreplayError
+from logitreplay.errors import LogitreplayError, one_line
 from logitreplay.replay.protocol import Timing, TimingProtocol
 from logitreplay.replay.verify import Failure
 
@@ -159,21 +159,29 @@ def schema() -> dict[str, Any]:
     return json.loads(resources.files("logitreplay.replay").joinpath("report.schema.json").read_text())
 
 
-def validate(data: dict[str, Any]) -> None:
-    """Raise `ReportError` (one line: the path and the violation) unless `data` matches the schema."""
-    import jsonschema
+def validate(data: dict[str, Any]) -> str | None:
+    """Raise `ReportError` (one line: the path and the violation) unless `data` matches the schema. A check
+    that cannot run (jsonschema missing or failing) must not cost a run its report: it returns why, in one
+    line, for the caller to say; None when the check passed."""
+    try:
+        import jsonschema
 
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(data))
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(data))
+    except Exception as e:
+        return f"the report's schema check could not run ({type(e).__name__}: {one_line(e)}); written unchecked"
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
         raise ReportError(f"replay report does not match report.schema.json at {where}: {error.message[:200]}")
+    return None
 
 
-def write_json(result: ReplayResult, path: Path) -> None:
-    """Validate the report against the schema, then write it (nothing is written when it does not match)."""
+def write_json(result: ReplayResult, path: Path) -> str | None:
+    """Validate the report against the schema, then write it (nothing is written when it does not match);
+    returns `validate`'s line when the check could not run (the report is then written unchecked)."""
     data = result.to_json()
-    validate(data)
+    unchecked = validate(data)
     path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    return unchecked
 
 
 def read_json(path: Path) -> ReplayResult:

@@ -3,9 +3,9 @@
 The command line, a Python user and a distributed launcher all replay through this function, so the
 choices a run makes live here once: the device and its default scale and protocol, the selectors and
 the baseline, the cases (optionally a subset of them, by place in the run), the environment probe and
-the read bandwidth, and where the work runs (in this process, or a child per selector under `isolate`,
-with the rest of a run whose CUDA context was lost continued in fresh processes). What a front end adds
-is parsing and printing.
+the read bandwidth, and where the work runs: in a worker process that this one supervises (one for all
+selectors, or one per selector under `isolate`; isolate.py), so that a selector that kills its process or
+its CUDA context costs only its result on that case. What a front end adds is parsing and printing.
 
 A `ReplayRun` records which places of the whole run its cases hold, so the runs of disjoint subsets
 (e.g. one per rank) merge into one report with `merge_runs`.
@@ -22,8 +22,9 @@ from typing import Literal, TypeVar
 import torch
 
 from logitreplay.errors import ArchiveError, ReplayError, SelectorError
-from logitreplay.replay.engine import Unbuildable, device_checks, replay
+from logitreplay.replay.engine import Unbuildable
 from logitreplay.replay.environment import environment, sm_clock_mhz
+from logitreplay.replay.isolate import Job, merge, start_server, supervise
 from logitreplay.replay.protocol import TimingProtocol
 from logitreplay.replay.results import CaseResult, ReplayResult
 from logitreplay.replay.sources import open_cases
@@ -35,7 +36,7 @@ T = TypeVar("T")
 # progress(items, how many, label) -> the same items: a front end's progress display (identity by default)
 Progress = Callable[[Iterable[T], int, str], Iterable[T]]
 DEFAULT_SELECTORS = ("reference", "native", "deepselect")
-ISOLATE_TIMEOUT_S = 600.0  # per (case, selector) in a child, when no timeout is given
+ISOLATE_TIMEOUT_S = 600.0  # per (case, selector) in a worker of its own, when no timeout is given
 
 
 def _no_progress(items: Iterable[T], total: int, label: str) -> Iterable[T]:
@@ -133,11 +134,8 @@ def _protocol(config: ReplayConfig, device: torch.device) -> tuple[TimingProtoco
     protocol = TimingProtocol.for_device(device.type, config.warmup, config.rounds, config.l2 or "cold",
                                          config.timer or "events")
     if device.type != "cuda":
-        warm = "the verification call" + (f" and {protocol.warmup} more" if protocol.warmup else "")
-        notes = [f"CPU warmup: {warm}; CUDA: {TimingProtocol.warmup} warmups, {TimingProtocol.rounds} rounds x "
-                 f"{TimingProtocol.samples_per_round}"]
-        notes += [f"{option} {value} is ignored on CPU (wall clock, no L2 flush)"
-                  for option, value in (("--timer", config.timer), ("--l2", config.l2)) if value is not None]
+        notes = [f"{option} {value} is ignored on CPU (wall clock, no L2 flush)"  # the warmup: protocol.describe
+                 for option, value in (("--timer", config.timer), ("--l2", config.l2)) if value is not None]
         return protocol, "wall clock of the CPU algorithm models, not kernel times", notes
     timer = "CUPTI" if config.timer == "cupti" else "CUDA events"
     return protocol, f"CUDA kernel time, {timer}, L2 {config.l2 or 'cold'}, graph replay", []
@@ -157,6 +155,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
 
     Raises a `LogitreplayError` (one line) for a run that cannot start: unknown selectors, a baseline
     that is not one of them, a CUDA device torch cannot see, nothing to replay."""
+    start_server()  # its import of torch overlaps what follows
     config = resolve(config)
     dev = torch.device(config.device or "cpu")
     if config.rule_path is not None:
@@ -167,7 +166,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
         raise SelectorError(f"baseline {config.baseline!r} is not one of the selectors ({', '.join(columns)})")
     baseline = config.baseline or ("native" if "native" in columns else columns[0])
     protocol, label, notes = _protocol(config, dev)
-    cases, total, pinned = open_cases(list(config.locations), config.suite, config.scale or "small",
+    _, total, pinned = open_cases(list(config.locations), config.suite, config.scale or "small",
                                       controls=config.controls, case_globs=config.case_globs,
                                       case_regex=config.case_regex, only=config.case_indices)
     if total == 0:
@@ -183,40 +182,29 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
 
         read_bandwidth = measure_read_bandwidth(dev)
         env["read_bandwidth_bytes_per_s"] = read_bandwidth
+        torch.cuda.empty_cache()  # the workers replay on this device: keep none of its memory here
     result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
-    # Two builds of one kernel library (installed and a path, or two paths) cannot share a process.
     own_process = needs_own_process(list(config.selectors))
-    from logitreplay.replay.cuda_errors import DeviceLost
-    from logitreplay.replay.isolate import Job, merge, replay_isolated
-    from logitreplay.replay.resume import finish_run
-
-    # The jobs of isolated children: for `isolate`, and for the rest of a run whose CUDA context was lost.
-    jobs = [Job(spec, sel.name, pinned, config.suite, config.scale or "small", str(dev), protocol.to_json(),
-                config.poison, read_bandwidth, case_globs=config.case_globs, case_regex=config.case_regex,
-                controls=config.controls, only=config.case_indices)
-            for spec, sel in zip(config.selectors, selectors, strict=True)]
-    if config.isolate or config.timeout_s is not None or own_process:
-        del cases  # each child opens the cases itself
-        per_selector: dict[str, dict[int, CaseResult]] = {}
-        timeout_s = ISOLATE_TIMEOUT_S if config.timeout_s is None else config.timeout_s
-        for name, index, case_result in progress(replay_isolated(jobs, total, timeout_s), total * len(jobs),
-                                                 "replay (isolated)"):
-            per_selector.setdefault(name, {})[index] = case_result
-        result.cases = merge(per_selector, columns, total)
-        if own_process and not config.isolate:
-            notes.append("kernel libraries from different builds: each selector ran in its own process")
+    alone = config.isolate or config.timeout_s is not None or own_process
+    job = Job((), (), pinned, config.suite, config.scale or "small", str(dev), protocol.to_json(), config.poison,
+              read_bandwidth, controls=config.controls, case_globs=config.case_globs, case_regex=config.case_regex,
+              only=config.case_indices)
+    together = list(zip(config.selectors, columns, strict=True))
+    jobs = [replace(job, specs=(spec,), names=(name,)) for spec, name in together] if alone else \
+        [replace(job, specs=tuple(config.selectors), names=tuple(columns))]
+    timeout_s = (ISOLATE_TIMEOUT_S if config.timeout_s is None else config.timeout_s) if alone else None
+    per_selector: dict[str, dict[int, CaseResult]] = {}
+    for one in jobs:
+        label = f"replay ({one.names[0]} alone)" if alone else "replay"
+        for index, case_result in progress(supervise(one, total, timeout_s, notes), total, label):
+            for name in one.names:
+                per_selector.setdefault(name, {})[index] = case_result
+    result.cases = merge(per_selector, columns, total)
+    if own_process and not config.isolate:
+        notes.append("kernel libraries from different builds: each selector ran in its own process")
+    if alone:
         notes.append("--isolate: each selector ran in its own process; timing rounds alternate only within "
                      "a selector")
-    else:
-        stream = replay(cases, selectors, dev, protocol, config.poison, device_checks(dev), read_bandwidth)
-        try:
-            for case_result in progress(stream, total, "replay"):
-                result.cases.append(case_result)
-        except DeviceLost as lost:  # a sticky CUDA error: the rest runs in fresh processes
-            at = len(result.cases)
-            result.cases = finish_run(result.cases, lost, jobs, columns, total, ISOLATE_TIMEOUT_S, progress)
-            notes.append(f"{lost} on case {result.cases[at].case_id}; the rest of the run continued in fresh "
-                         "processes, one per selector")
     if dev.type == "cuda":
         result.environment["sm_clock_mhz_end"] = sm_clock_mhz(dev)
     places = list(range(total)) if config.case_indices is None else sorted(set(config.case_indices))

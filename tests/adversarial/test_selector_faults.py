@@ -40,8 +40,8 @@ def test_isolated_hang_and_segfault_lose_only_their_own_results(tmp_path: Path) 
     assert res.exit_code == 0, res.output
     st = _statuses(out)
     assert [s for s, _ in st["reference"]] == ["ok", "ok"] and [s for s, _ in st["native"]] == ["ok", "ok"]
-    # Killed on both cases: a new child started for the second case after the first one died.
-    assert all(s == "error" and "child process died: signal SIGSEGV" in (why or "") for s, why in st["segfault"])
+    # Killed on both cases: a new worker started for the second case after the first one died.
+    assert all(s == "error" and "worker died: SIGSEGV" in (why or "") for s, why in st["segfault"])
     assert len(st["segfault"]) == 2
     assert all(s == "error" and "timed out after 10 s" in (why or "") for s, why in st["hang"])
 
