@@ -40,6 +40,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     "shuffle": ("shuffle",),
     "indexer": ("indexer",),
 }
+# What `synth --like` writes unless told: the indexer control computes q.k over the whole shape, so it is
+# asked for by name.
+DEFAULT_KINDS = ("matched", "ablate", "shuffle")
 SEPARATOR = "~"  # a derived case is named <real case id>~<suffix>
 _SUFFIX = {"matched": "matched", "ablate+100": "plus100", "ablate*1e-8": "times1e-8", "shuffle": "shuffle",
            "indexer": "indexer"}
@@ -137,5 +140,5 @@ def _row_permutation(lengths: np.ndarray, rng: np.random.Generator) -> np.ndarra
     return np.lexsort((rng.random(rows.shape[0]), rows))
 
 
-__all__ = ["KINDS", "SEPARATOR", "control_id", "derive", "derived_names", "parse", "seed", "split_id",
+__all__ = ["DEFAULT_KINDS", "KINDS", "SEPARATOR", "control_id", "derive", "derived_names", "parse", "seed", "split_id",
            "with_controls"]
