@@ -42,7 +42,7 @@ def synth_cmd(suite_name: str, scale: str, out: Path, like: str | None, control_
         raise click.BadParameter("--controls derives from real cases: give --like ARCHIVE", param_hint="--controls")
     check_dir_target(out, "--out")
     if like is not None:
-        _synth_like(like, control_kinds or tuple(controls.KINDS), out, json_out)
+        _synth_like(like, control_kinds or controls.DEFAULT_KINDS, out, json_out)
         return
     archive = Archive.create(out, attrs={"title": f"logitreplay {suite_name} ({scale})"})
     with archive.lock():  # a second synth into the same archive fails at once, in one line
