@@ -1,7 +1,7 @@
 """Does a replay over N ranks give the single-process report, and how much sooner? One plain replay and one
-`torchrun --nproc-per-node N -m logitreplay replay` with the same arguments, their reports compared case
-for case (`replay.merge.differences`: everything but timings and the ranks section) and their wall
-times side by side.
+`torchrun --standalone --nproc-per-node N -m logitreplay replay` with the same arguments, their reports
+compared case for case (`replay.merge.differences`: everything but timings and the ranks section) and
+their wall times side by side.
 
     python bench/distributed_check.py --nproc 1 --out out/ranks -- --suite seed-controls --strict
     python bench/distributed_check.py --nproc 8 --out out/ranks8 -- --suite stress --scale full
@@ -42,8 +42,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     plain, ranks = args.out / "plain.json", args.out / "ranks.json"
     code_plain, wall_plain = _run([sys.executable, "-m", "logitreplay", "replay", *rest, "--json", str(plain)])
-    code_ranks, wall_ranks = _run([torchrun, "--nproc-per-node", str(args.nproc), "-m", "logitreplay", "replay",
-                                   *rest, "--json", str(ranks)])
+    code_ranks, wall_ranks = _run([torchrun, "--standalone", "--nproc-per-node", str(args.nproc), "-m", "logitreplay",
+                                   "replay", *rest, "--json", str(ranks)])
     if not (plain.exists() and ranks.exists()):
         print(f"a run wrote no report (exit status {code_plain} plain, {code_ranks} torchrun)")
         return 1

@@ -153,7 +153,8 @@ def test_a_rank_that_dies_before_any_case_is_not_restarted_and_its_cases_are_los
                     reason="torchrun is not installed beside this python")
 def test_torchrun_gives_the_single_process_report(archive: str, single: ReplayResult, tmp_path: Path) -> None:
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    done = _replay(archive, tmp_path / "t.json", launcher=(torchrun, "--nproc-per-node", "2", "-m", "logitreplay"))
+    done = _replay(archive, tmp_path / "t.json",
+                   launcher=(torchrun, "--standalone", "--nproc-per-node", "2", "-m", "logitreplay"))
     assert done.returncode == 0, done.stderr
     report = read_json(tmp_path / "t.json")
     assert differences(single, report) == []
