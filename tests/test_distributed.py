@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +181,34 @@ def test_ranks_read_a_hub_dataset_case_by_case_not_each_the_whole(archive: str, 
     two = read_json(tmp_path / "two.json")
     assert differences(read_json(tmp_path / "one.json"), two) == []
     assert re.fullmatch(r"hf://datasets/org/tiny@[0-9a-f]{40}", two.environment["inputs"][0])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun is not installed beside this python")
+def test_two_nodes_through_torchruns_rendezvous_give_the_single_process_report(
+        archive: str, single: ReplayResult, tmp_path: Path) -> None:
+    """docs/distributed.md's multi-node command, both "nodes" on this machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+
+    def node(rank: int) -> tuple[str, ...]:
+        return (torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank), "--rdzv-backend",
+                "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test", "-m", "logitreplay")
+
+    cmd = [*node(1), "replay", archive, "--device", "cpu", "--selectors", "reference", "--selector",
+           "tests.test_distributed:make_killer", "--rounds", "1", "--json", str(tmp_path / "n.json")]
+    other = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        done = _replay(archive, tmp_path / "n.json", launcher=node(0))
+    finally:
+        other.wait(timeout=300)
+    assert done.returncode == 0 and other.returncode == 0, done.stderr
+    report = read_json(tmp_path / "n.json")
+    assert differences(single, report) == []
+    _check_ranks(report, 2)
 
 
 def test_devices_is_checked_before_any_rank_starts(archive: str, monkeypatch: pytest.MonkeyPatch) -> None:
