@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 from click.testing import CliRunner, Result
@@ -99,7 +100,6 @@ def test_entry_point_plugin(plugin_archive: str, tmp_path: Path, monkeypatch: py
 
 
 def test_json_validates_and_round_trips_and_csv_plot_written(plugin_archive: str, tmp_path: Path) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     out, table, png = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
     res = run(plugin_archive, "--selector", "tests.plugins:make_wrong_value", "--json", str(out),
               "--csv", str(table), "--plot", str(png))
@@ -116,7 +116,6 @@ def test_json_validates_and_round_trips_and_csv_plot_written(plugin_archive: str
 
 
 def test_schema_rejects_a_malformed_result() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     bad = {"schema": ReplayResult.SCHEMA, "device": "cpu"}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, results.schema())

@@ -7,8 +7,9 @@ so that the selections they produce are verified like any kernel's. Rows are pro
 most `_CHUNK_CELLS` cells; within a chunk every step is a whole-tensor operation (no loop per element).
 
 - `native_topk`: vLLM's prefill histogram radix-select. Pass 1 bins the top 11 bits of the value
-  converted to fp16 (2048 bins); passes 2-4 bin fp32 bits 31-21, 20-10 and 9-0 among the elements that
-  matched every bin fixed so far. After each pass, elements above the threshold bin are emitted; once the
+  converted to fp16 (2048 bins) and is kept only if it finishes; passes 2-4 bin fp32 bits 31-21 of every
+  element, then 20-10 and 9-0 among the elements that matched every fp32 bin fixed so far (as native.cu
+  does). After each pass, elements above the threshold bin are emitted; once the
   threshold bin holds <= `NATIVE_FINAL_ITEMS` elements (or after the last pass, when it holds only exact
   ties) it is finished by a sort. Values concentrated in few fp16 bins (scores + 100, scores * 1e-8) keep
   the threshold bin large and force the extra passes.
@@ -224,6 +225,11 @@ def _native_chunk(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
         passes = torch.where(active, step + 1, passes)
         done = active & ((in_bin <= NATIVE_FINAL_ITEMS) | (step == len(_NATIVE_STEPS) - 1))
         final = torch.where(done, in_bin, final)
+        if step == 0:  # the fp16 pass keeps nothing unless it finishes: the next starts over on the row
+            spent = (active & ~done).unsqueeze(1)
+            emitted &= ~spent
+            cand = torch.where(spent, valid, cand)
+            remaining = torch.where(spent.squeeze(1), need, remaining)
         active &= ~done
     # Bins are ordered like values, so every emitted element outranks the threshold bin, whose finishing
     # sort takes the `remaining` largest: one top-k over emitted and threshold-bin keys is that result.

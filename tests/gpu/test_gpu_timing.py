@@ -14,6 +14,7 @@ from logitreplay.replay import (
     measure_read_bandwidth,
     sm_clock_mhz,
     time_launches,
+    timing_cuda,
 )
 from logitreplay.replay.timing_cuda import flush_buffer
 from logitreplay.selectors.cuda.kernels import NativeCuda
@@ -50,9 +51,24 @@ def test_every_selector_gets_all_its_samples(timer: str, l2: str) -> None:
         assert all(s > 0 and math.isfinite(s) for s in t.samples_us)
 
 
-def test_flush_buffer_covers_four_l2() -> None:
-    l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
-    assert flush_buffer(DEVICE).numel() * 4 >= 4 * l2
+@pytest.mark.parametrize("timer", ["events", "cupti"])
+def test_cold_timing_rewrites_more_than_the_l2_before_samples(timer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cold L2 means a buffer larger than the device's L2 is rewritten between samples; warm timing
+    writes none."""
+    made: list[torch.Tensor] = []
+
+    def tracked(device: torch.device) -> torch.Tensor:
+        made.append(flush_buffer(device).fill_(7))
+        return made[-1]
+
+    monkeypatch.setattr(timing_cuda, "flush_buffer", tracked)
+    quick = {"warmup": 1, "rounds": 1, "samples_per_round": 2, "timer": timer}
+    time_launches(_launches(), DEVICE, TimingProtocol(l2="cold", **quick))  # type: ignore[arg-type]
+    assert len(made) == 1
+    assert made[0].numel() * made[0].element_size() > torch.cuda.get_device_properties(DEVICE).L2_cache_size
+    assert int(made[0].abs().max()) == 0, "the flush buffer was not rewritten"
+    time_launches(_launches(), DEVICE, TimingProtocol(l2="warm", **quick))  # type: ignore[arg-type]
+    assert len(made) == 1
 
 
 def test_environment_and_bandwidth_are_recorded() -> None:
