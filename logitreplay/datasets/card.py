@@ -129,7 +129,11 @@ def build_card(archive: Archive, repo_id: str, license: str = "cc-by-4.0") -> Da
     data = DatasetCardData(license=license, pretty_name=title, tags=TAGS,
                            size_categories=[size_category(len(infos))], viewer=False, logitreplay=fields)
     url = f"hf://datasets/{repo_id}"
-    if fields["sources"] == ["synthetic"]:
+    if fields["sources"] == ["synthetic"] and all("indexer" in i.provenance.get("recipe", {}) for i in infos):
+        what = ("Synthetic indexer logits: scores computed from synthetic queries and keys the way a sparse-attention\n"
+                "indexer computes them (FP8 per-head q.k, ReLU, weighted head sum), with the sink tokens, recency and\n"
+                "repeated text trained indexers show. They stand in for captured logits; they are not captured data.")
+    elif fields["sources"] == ["synthetic"]:
         what = ("Synthetic control cases in the shapes of sparse-attention indexer logits: normal-random scores,\n"
                 "distribution ablations and edge cases. They explain what real captured logits do to a top-k\n"
                 "selector; they are not captured data.")
