@@ -26,7 +26,7 @@ against the width rule alone; per case: the choice and the feature or width that
     .venv/bin/python bench/decisions.py --fit bench/results/h200-2026-12-02/seed-controls.json \
         bench/results/h200-2026-12-02/decisions/fit-seed-controls-bf16.json \
         bench/results/h200-2026-12-01/decisions/auto-stress.json bench/results/h200-2026-12-01/decode.json \
-        bench/results/h200-2026-12-01/decode-bf16.json --out bench/results/h200-2026-12-02/decisions
+        bench/results/h200-2026-12-01/decode-bf16.json --out bench/results/h200-2026-12-02/auto-fit
 """
 
 from __future__ import annotations
