@@ -36,14 +36,27 @@ KILL_ENV = "LOGITREPLAY_TEST_KILL_CASE"
 KILL_RANK_ENV = "LOGITREPLAY_TEST_KILL_RANK"
 
 
+def _rank_process() -> int:
+    """The rank's replaying process: the nearest ancestor (or this process) run as `python -m logitreplay`;
+    a selector runs in a worker process below it."""
+    pid = os.getpid()
+    while pid > 1:
+        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"logitreplay"]:
+            return pid
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        pid = int(next(line.split()[1] for line in status if line.startswith("PPid:")))
+    raise AssertionError("no `python -m logitreplay` above this process")
+
+
 class _Killer(ReferenceSelector):
-    """The reference, except that it kills its own process (SIGKILL) on the case named in KILL_ENV."""
+    """The reference, except that on the case named in KILL_ENV it kills its rank's process (SIGKILL), as
+    the out-of-memory killer would: not the worker it runs in, whose death costs only its own result."""
 
     name = "killer"
 
     def supports(self, case: Case, device: torch.device) -> str | None:
         if case.case_id == os.environ.get(KILL_ENV):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(_rank_process(), signal.SIGKILL)
         return super().supports(case, device)
 
 

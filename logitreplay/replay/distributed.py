@@ -11,12 +11,14 @@ travel through torch.distributed's key-value store (the one torchrun's rendezvou
 its share, waits for the others, and joins the runs with `run.merge_runs` into the report a single
 process would have written, plus a `ranks` section (which rank, host and GPU replayed which case).
 
-A rank that dies must cost only its case in progress, and no launcher keeps the others going after a
-death (torchrun stops every worker), so each rank runs its replay in a child process under a
-supervisor (`supervise`: torchrun's worker, or `launch` for all ranks at once). When the child dies
-with cases left, the supervisor records why and starts another, which marks the case it died in as
-lost and goes on with the next. A child that dies before starting any case is not restarted: its
-remaining cases are reported lost. `--strict` still decides the exit status: a lost case is invalid.
+A selector that kills its process costs only its own result on that case already: `run_replay` runs
+the selectors in worker processes it supervises. A rank's own process can die too (the out-of-memory
+killer, a kill), and no launcher keeps the others going after that (torchrun stops every worker), so
+each rank runs its replay in a child process under a supervisor (`supervise`: torchrun's worker, or
+`launch` for all ranks at once). When the child dies with cases left, the supervisor records why and
+starts another, which marks the case it died in as lost and goes on with the next. A child that dies
+before starting any case is not restarted: its remaining cases are reported lost. `--strict` still
+decides the exit status: a lost case is invalid.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from logitreplay.errors import ReplayError
 from logitreplay.replay.results import CaseResult, ReplayResult
 from logitreplay.replay.run import Progress, ReplayConfig, ReplayRun, merge_runs, resolve, run_replay
 from logitreplay.replay.sources import EntryCost, case_costs
+from logitreplay.selectors.registry import needs_own_process
 
 CHILD_ENV = "LOGITREPLAY_RANK_CHILD"  # set in the child a supervisor starts: it replays, not supervises
 _PREFIX = "logitreplay/replay"
@@ -149,9 +152,10 @@ def _replay_share(store: Any, rank: int, config: ReplayConfig, share: list[int],
     remaining = [p for p in share if not store.check([f"case/{p}"])]
     gpu: str | None = None
     if remaining:
-        tracker = _Tracker(store, rank, remaining, config.isolate or config.timeout_s is not None)
-        run = run_replay(replace(config, case_indices=tuple(remaining)),
-                         lambda items, n, label: progress(tracker.wrap(items), n, label))
+        # A run of one selector at a time yields each selector's results apart: stored when it returns.
+        alone = config.isolate or config.timeout_s is not None or needs_own_process(list(config.selectors))
+        run = run_replay(replace(config, case_indices=tuple(remaining)), progress if alone else
+                         lambda items, n, label: progress(_tracked(store, rank, remaining, items), n, label))
         for place, case in zip(run.places, run.result.cases, strict=True):
             store.set(f"case/{place}", json.dumps(case.to_json()))
         store.set(f"run/{rank}", json.dumps(replace(run.result, cases=[]).to_json()))
@@ -162,36 +166,23 @@ def _replay_share(store: Any, rank: int, config: ReplayConfig, share: list[int],
     store.set(f"done/{rank}", "1")
 
 
-class _Tracker:
-    """Puts the place in progress in the store before each case is computed, and each result as it comes,
-    while the run's items are the engine's case results in the order of `places`. Runs whose selectors
-    run in child processes (`isolate`, or the rest of a run whose CUDA context was lost) yield other
-    items: they pass through untracked, and their results are stored when the run returns."""
-
-    def __init__(self, store: Any, rank: int, places: list[int], untracked: bool) -> None:
-        self.store, self.rank, self.places, self.tracking = store, rank, places, not untracked
-
-    def wrap(self, items: Iterable[Any]) -> Iterator[Any]:
-        it = iter(items)
-        for place in self.places if self.tracking else ():
-            self.store.set(f"at/{self.rank}", str(place))
-            self.store.add(f"started/{self.rank}", 1)
-            try:
-                item = next(it)
-            except StopIteration:
-                break
-            except BaseException:  # a lost CUDA context: the run goes on in children, untracked
-                self.tracking = False
-                raise
-            if not isinstance(item, CaseResult):
-                self.tracking = False
-                self.store.set(f"at/{self.rank}", "")
-                yield item
-                break
-            self.store.set(f"case/{place}", json.dumps(item.to_json()))
-            yield item
-        self.store.set(f"at/{self.rank}", "")
-        yield from it
+def _tracked(store: Any, rank: int, places: list[int], items: Iterable[tuple[int, CaseResult]]
+             ) -> Iterator[tuple[int, CaseResult]]:
+    """`run_replay`'s (index, result) pairs of a run of all selectors together over `places` (one per
+    case, in order), with the place in progress in the store before each case is computed and each
+    result stored as it comes."""
+    it = iter(items)
+    for place in places:
+        store.set(f"at/{rank}", str(place))
+        store.add(f"started/{rank}", 1)
+        try:
+            index, case = next(it)
+        except StopIteration:
+            break
+        store.set(f"case/{places[index]}", json.dumps(case.to_json()))
+        yield index, case
+    store.set(f"at/{rank}", "")
+    yield from it
 
 
 def _collect(store: Any, config: ReplayConfig, shares: list[list[int]], ids: list[str]) -> ReplayRun:
