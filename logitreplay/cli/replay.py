@@ -178,9 +178,9 @@ def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
               metavar="RULE.json", help="The dispatch rule the 'auto' selector follows (from --rule-out).")
 @click.option("--strict", is_flag=True, help="Exit 1 when a selector failed verification or raised, or a "
               "case was invalid (without it such a run ends with a RESULTS FAILED line and exit 0).")
-@click.option("--devices", default=None, metavar="0,1,...", help="One rank per listed device of this machine (on "
-              "CPU: per entry), each replaying a cost-balanced share of the cases; one report, with a ranks "
-              "section (torchrun -m logitreplay replay does the same across machines: docs/distributed.md).")
+@click.option("--devices", default=None, metavar="0,1,...", help="One rank per listed GPU of this machine (with "
+              "--device cpu, one CPU rank per entry), each replaying a cost-balanced share of the cases; one "
+              "report, with a ranks section (torchrun -m logitreplay replay across machines: docs/distributed.md).")
 @user_errors
 def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None, names: str,
                specs: tuple[str, ...], baseline: str | None, case_globs: tuple[str, ...],
