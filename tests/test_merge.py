@@ -75,6 +75,18 @@ def test_mixed_protocols_and_a_case_twice_are_refused_in_one_line(archive: str, 
         merge_reports([("x", report), ("y", other)])
 
 
+def test_a_merge_keeps_the_ranks_of_a_replay_over_ranks(archive: str, tmp_path: Path) -> None:
+    ranked = read_json(_job(archive, tmp_path, "r.json", ("t0", "t1")))
+    ranked.ranks = [{"rank": r, "host": "n1", "device": f"cuda:{r}", "gpu": "NVIDIA H200", "cases": [f"t{r}"],
+                     "lost": []} for r in (0, 1)]
+    plain = read_json(_job(archive, tmp_path, "p.json", ("t2",)))
+    merged = merge_reports([("r.json", ranked), ("p.json", plain)])
+    assert [(r["job"], r["rank"], r["cases"]) for r in merged.ranks] == [("r.json", 0, ["t0"]), ("r.json", 1, ["t1"]),
+                                                                        ("p.json", 0, ["t2"])]
+    write_json(merged, tmp_path / "m.json")  # the schema holds
+    assert case_gpus(read_json(tmp_path / "m.json")) == {"t0": "NVIDIA H200", "t1": "NVIDIA H200", "t2": None}
+
+
 def _gpu_report(report: ReplayResult, gpu: str, scale: float) -> ReplayResult:
     """`report` as if timed on `gpu`, its times `scale` times as long."""
     out = ReplayResult.from_json(report.to_json())
