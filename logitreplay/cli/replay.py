@@ -16,14 +16,14 @@ import click
 from rich.console import Console
 
 from logitreplay.cli import decisions
-from logitreplay.cli.common import STDOUT, check_file_target, json_option, progress, user_errors
+from logitreplay.cli.common import STDOUT, check_file_target, json_option, plural, progress, user_errors
 from logitreplay.datasets import synth
 from logitreplay.replay import ReplayConfig, ReplayResult, TimingProtocol, report, run_replay, write_json
 from logitreplay.replay.distributed import in_rank, start, supervising
 from logitreplay.replay.distributed import replay as replay_rank
 from logitreplay.replay.protocol import CPU_ROUNDS, CPU_WARMUP
 from logitreplay.replay.results import validate
-from logitreplay.replay.run import DEFAULT_SELECTORS, default_device
+from logitreplay.replay.run import DEFAULT_SELECTORS, default_device, resolve
 from logitreplay.selectors.auto import RULE_ENV, DispatchRule
 
 __all__ = ["default_device", "replay_cmd"]
@@ -52,6 +52,19 @@ def _check_outputs(csv_path: Path | None, plot_path: Path | None, rule_out: Path
             check_file_target(path, option)
 
 
+def _warn_full_scale_on_cpu(config: ReplayConfig) -> None:
+    """Say up front that a full-scale suite on the CPU models takes long, and about how long relative to
+    --scale small (their work grows with the logits they read)."""
+    config = resolve(config)
+    if config.suite is None or config.scale != "full" or not str(config.device).startswith("cpu"):
+        return
+    cells = {scale: sum(r.rows * r.cols for r in synth.recipes(config.suite, scale)) for scale in ("small", "full")}
+    text = (f"note: --scale full on a CPU runs the CPU models over the published shapes, "
+            f"{cells['full'] / max(cells['small'], 1):.0f}x the logits of --scale small: expect about as many "
+            "times its run time (progress follows on stderr)")
+    click.echo("\n".join(report.wrap(text)), err=True)
+
+
 def _console(json_out: str | None) -> Console:
     """With the JSON on stdout, everything for people goes to stderr. Off a terminal (logs, pipes, CI)
     rich would wrap the table at 80 columns; give it room instead."""
@@ -68,10 +81,7 @@ def _decide(result: ReplayResult, inputs: list[str], suite: str | None, recommen
 
         rules = dispatch_rules(result)
         result.recommendation = [r.to_json() for r in rules]
-        console.print("dispatch rule (measured; the bounding cases are in the JSON):" if rules else
-                      "dispatch rule: no two selectors were timed on a common width")
-        for rule in rules:
-            console.print(f"  {rule.rule}", markup=False)
+        decisions.print_recommend(rules, console)
     decisions.print_controls(result, console)
     if rule_path is not None and "auto" in result.selectors:
         decisions.annotate_auto(result, DispatchRule.load(rule_path), console)
@@ -87,7 +97,8 @@ def _decide(result: ReplayResult, inputs: list[str], suite: str | None, recommen
 
         fitted = fit_rule(result)
         fitted.save(rule_out)
-        console.print(f"dispatch rule over {', '.join(fitted.selectors)} written to {rule_out}:", markup=False)
+        report.print_lines(console, report.wrap(f"dispatch rule over {', '.join(fitted.selectors)} written to "
+                                                f"{rule_out}:"))
         decisions.print_rule(fitted, console)
 
 
@@ -101,10 +112,10 @@ def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, pl
         unchecked = write_json(result, Path(json_out))
     if unchecked is not None:
         click.echo(f"note: {unchecked}", err=True)
-    if csv_path is not None:
-        report.write_csv(result, csv_path)
-    if plot_path is not None:
-        report.write_plot(result, plot_path)
+    for path, what, write in ((csv_path, "CSV", report.write_csv), (plot_path, "plot", report.write_plot)):
+        if path is not None:
+            write(result, path)
+            click.echo(f"{what} written to {path}", err=json_out == STDOUT)
 
 
 def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
@@ -117,9 +128,10 @@ def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
     listed = ", ".join(results[:5] + (["..."] if len(results) > 5 else []) + unusable)
     if strict:
         raise click.ClickException(f"--strict: {len(bad)} failed, errored or invalid: {listed}")
-    console.print(f"[bold red]RESULTS FAILED[/bold red] ({len(result.cases)} cases x {len(result.selectors)} "
-                  f"selectors): {len(bad)} failed verification, raised, or were invalid: {listed} (exit status 0; "
-                  "--strict exits 1)", highlight=False)
+    report.print_lines(console, report.wrap(
+        f"RESULTS FAILED ({plural(len(result.cases), 'case')} x {plural(len(result.selectors), 'selector')}): "
+        f"{len(bad)} failed verification, raised, or were invalid: {listed} (exit status 0; --strict exits 1)"),
+        style="bold red")
 
 
 @click.command("replay")
@@ -196,9 +208,13 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     selectors = _wanted(names, specs)
     if rule_path is None and "auto" in selectors and not os.environ.get(RULE_ENV):
         raise click.BadParameter("the auto selector needs --rule RULE.json (from --rule-out)", param_hint="--rule")
+    if rule_path is not None and "auto" not in selectors:
+        raise click.BadParameter("only the auto selector follows a rule: add auto to --selectors (e.g. auto,native)",
+                                 param_hint="--rule")
     config = ReplayConfig(locations, suite, scale, selectors, baseline, case_globs, case_regex, controls,
                           device=device, warmup=warmup, rounds=rounds, timer=timer, l2=l2,  # type: ignore[arg-type]
                           poison=_poison(poison_text), isolate=isolate, timeout_s=timeout_s, rule_path=rule_path)
+    _warn_full_scale_on_cpu(config)
     if devices is not None or supervising():
         raise SystemExit(start(devices, config, sys.argv[1:]))
     run = replay_rank(config, progress) if in_rank() else run_replay(config, progress)
