@@ -124,6 +124,9 @@ def test_return_codes_dtypes_and_status_match_the_header() -> None:
         assert getattr(abi, name) == int(value), name
     status = re.search(r"static_assert\(sizeof\(LrStatus\) == (\d+)", API_HEADER)
     assert status and int(status.group(1)) == abi.STATUS_BYTES
+    work = re.search(r"struct LrWork \{\n  uint32_t counters\[(\d+)\];\n\};\nstatic_assert\(sizeof\(LrWork\) == (\d+)",
+                     API_HEADER)
+    assert work and (int(work[1]), int(work[2])) == (abi.WORK_COUNTERS, abi.WORK_BYTES)
     assert set(abi.MESSAGES) == {int(v) for n, v in constants if n.startswith("LR_E")}
     assert abi.describe(abi.LR_EWORKSPACE) == "workspace too small" and abi.describe(9) == "error 9"
 
