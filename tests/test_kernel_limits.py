@@ -66,7 +66,7 @@ def test_split_parts_bound_covers_every_plan(rows: int, cols: int, top_k: int, g
 def test_the_first_round_must_hold_the_first_thresholds_rank() -> None:
     """top_k 2000 on 2100-long rows: the first round (8 segments of 256 of the row's 9) holds 1844 row
     elements when the short last segment is among them, fewer than the rank 2000 the first threshold
-    asks for, so that row takes its first round whole; a row whose first round is full (2048 elements)
+    asks for, so that row takes its first round whole; the shortest row whose first round holds 2000
     thresholds it. Both select exactly."""
     top_k, cols = 2000, 2100
     cfg = cpu_models.deepselect_config(top_k, cols)

@@ -123,14 +123,14 @@ def test_deepselect_redoes_exactly_the_rows_its_model_redoes(shift: float, redon
 
 def test_deepselect_takes_no_first_threshold_from_a_short_first_round() -> None:
     """top_k 2000 on a 2100-long row: its first round holds 1844 of the row's elements, fewer than the
-    threshold's rank, so the kernel takes that round whole (and selects exactly); a row whose first round
-    holds 2048 thresholds it."""
-    top_k = 2000
-    cfg = cpu_models.deepselect_config(top_k, 2200)
-    lengths = [2100, next(c for c in range(2100, 2300)
+    threshold's rank, so the kernel takes that round whole (and selects exactly); the shortest row whose
+    first round holds 2000 thresholds it."""
+    top_k, cols = 2000, 2300
+    cfg = cpu_models.deepselect_config(top_k, cols)
+    lengths = [2100, next(c for c in range(2100, cols)
                           if len(cpu_models.deepselect_round_columns(cfg, c, 0, 0)) >= top_k)]
     values = torch.randn(sum(lengths), generator=torch.Generator().manual_seed(3))
-    case = _rows("short-first-round", values, lengths, top_k, 2200)
+    case = _rows("short-first-round", values, lengths, top_k, cols)
     got = assert_same_work(DeepSelectCuda(work=True), case)
     assert got["first_thresholds"].tolist() == [0, 1]
     assert verify_kernel(DeepSelectCuda(), case) == []
