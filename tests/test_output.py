@@ -232,3 +232,15 @@ def test_every_readme_table_fits_80_columns_without_trailing_spaces(tmp_path: Pa
         assert not too_wide_or_padded(res.output), (args, too_wide_or_padded(res.output))
         tables += res.output.count("\u2500\u2500\u2500")
     assert tables >= 11  # every command above but synth, --per-forward on a synthetic archive and repair
+
+
+def test_the_capture_summary_fits_80_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    from logitreplay.cli.capture import _print_summary
+
+    _print_summary({"captured": 40, "bytes": 2**30, "archive": "cap.zarr", "tokens": 4096, "tokens_run": 4096,
+                    "model": "deepseek-ai/DeepSeek-V3.2", "revision": "0123456789abcdef", "sequences": 2,
+                    "chunk_size": 2048, "device": "cuda:0", "seconds": 12.5, "dropped": {}, "skipped": {},
+                    "widths": {f"model.layers.{i}.self_attn.indexer": [1024 * j for j in range(1, 17)]
+                               for i in range(3)}})
+    out = capsys.readouterr().out
+    assert "model.layers.0" in out and "16384" in out and not too_wide_or_padded(out)

@@ -84,25 +84,24 @@ def _with_progress(run: Any, fn: Callable[..., dict[str, Any]], quiet: bool) -> 
 
 
 def _print_summary(s: dict[str, Any]) -> None:
+    """The capture's summary within 80 columns: what was kept per layer, then the run."""
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"captured {s['captured']} cases ({s['bytes'] / 2**20:.1f} MiB of logits) -> {s['archive']}")
-    table.add_column("layer")
-    table.add_column("widths (columns)")
-    for name, widths in s["widths"].items():
-        table.add_row(name, ", ".join(map(str, widths)))
-    console = Console(soft_wrap=True)
-    console.print(table)
+    from logitreplay.replay.report import Column, print_lines, render, wrap
+
     tokens = f"{s['tokens']} tokens" if s["tokens_run"] == s["tokens"] else \
         f"{s['tokens_run']} of {s['tokens']} tokens (stopped: nothing more to keep)"
     if s.get("generated"):
         tokens += f", {s['generated']} generated"
-    console.print(f"model {s['model']} @ {s['revision'] or '(local, no revision)'}: {s['sequences']} sequence(s), "
+    lines = wrap(f"captured {s['captured']} cases ({s['bytes'] / 2**20:.1f} MiB of logits) -> {s['archive']}")
+    lines += render([Column("layer", fold=True), Column("widths (columns)", fold=True)],
+                    [[name, ", ".join(map(str, widths))] for name, widths in s["widths"].items()])
+    lines += wrap(f"model {s['model']} @ {s['revision'] or '(local, no revision)'}: {s['sequences']} sequence(s), "
                   f"{tokens}, chunk {s['chunk_size']}, {s['device']}, {s['seconds']:.1f} s")
     for kind in ("dropped", "skipped"):
         if s[kind]:
-            console.print(f"{kind}: " + ", ".join(f"{k}={v}" for k, v in s[kind].items()))
+            lines += wrap(f"{kind}: " + ", ".join(f"{k}={v}" for k, v in s[kind].items()))
+    print_lines(Console(), lines)
 
 
 __all__ = ["capture_group"]
