@@ -37,6 +37,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))  # the bench scripts whose tables these are (fidelity, reliability, ...)
 
 import fidelity  # noqa: E402
+import peers  # noqa: E402
 import reliability  # noqa: E402
 import replay_controls  # noqa: E402
 
@@ -335,6 +336,21 @@ def deepselect_decode(root: Path) -> str:
                                            for s in ("default", "split", "native"))] for case in _cases(t)]
     return "\n".join([table(["shape (fp32 / bf16)", "deepselect", "split", "native"], rows), "",
                       source(root, rel, d["environment"])])
+
+
+PEER_SUITES = ("probe", "seed-controls", "seed-controls-bf16", "stress", "decode", "decode-bf16")
+
+
+def peers_table(root: Path, suite: str) -> str:
+    """bench/PEERS.md: every peer and the bundled selectors on one suite (bench/peers.py)."""
+    rel = f"h200-2026-12-02/peers-{suite}.json"
+    report = load(root, rel)
+    return "\n".join([peers.suite_block(report), "", f"Protocol: {protocol(report)}.",
+                      source(root, rel, report["environment"])])
+
+
+for _suite in PEER_SUITES:
+    claim(f"peers-{_suite}")(functools.partial(peers_table, suite=_suite))
 
 
 # A split sweep table: columns (header, file, run or None, variant); `ref` is the best vLLM decode kernel of

@@ -20,6 +20,7 @@ import datetime
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,17 @@ def probe_cases() -> list[Any]:
     return out
 
 
-def replay(out: Path, name: str, source: list[str], selectors: str, extra: list[str]) -> str:
+def replay(out: Path, name: str, source: list[str], selectors: str, extra: list[str],
+           timeout: float | None = None) -> str:
     cmd = [sys.executable, "-c", CLI, "replay", *source, "--device", "cuda", "--selectors", selectors,
            *extra, "--json", str(out / f"{PREFIX}{name}.json")]
     shown = " ".join(["logitreplay", *cmd[3:]])
     print("$", shown, flush=True)
-    rc = subprocess.run(cmd).returncode
+    try:
+        rc = subprocess.run(cmd, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = -1
+        print(f"{name}: stopped after {timeout:.0f} s (--deadline)", flush=True)
     if not (out / f"{PREFIX}{name}.json").is_file():
         print(f"{name}: the replay wrote no JSON (exit status {rc})", flush=True)
     return shown
@@ -73,18 +79,24 @@ def run(args: argparse.Namespace) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     selectors = ",".join((*BUNDLED, *PEERS))
-    extra = ["--rounds", str(args.rounds)] if args.rounds else []
+    extra = (["--rounds", str(args.rounds)] if args.rounds else []) + \
+        (["--warmup", str(args.warmup)] if args.warmup is not None else [])
     commands: dict[str, str] = {}
+    start = time.monotonic()
     for suite in args.suites.split(","):
+        left = args.deadline - (time.monotonic() - start) if args.deadline else None
+        if left is not None and left < 20:
+            print(f"{suite}: not run, the --deadline was reached", flush=True)
+            continue
         if suite == "probe":
             archive_path = Path(args.scratch) / "probe.zarr"
             if not archive_path.exists():
                 archive = Archive.create(archive_path)
                 for case in probe_cases():
                     archive.write(case)
-            commands[suite] = replay(out, suite, [str(archive_path)], selectors, extra)
+            commands[suite] = replay(out, suite, [str(archive_path)], selectors, extra, left)
         else:
-            commands[suite] = replay(out, suite, ["--suite", suite, "--scale", args.scale], selectors, extra)
+            commands[suite] = replay(out, suite, ["--suite", suite, "--scale", args.scale], selectors, extra, left)
     path = out / f"{PREFIX}commands.json"
     known = json.loads(path.read_text()) if path.is_file() else {}
     path.write_text(json.dumps({**known, **commands}, indent=1))
@@ -143,28 +155,32 @@ def suite_table(data: dict[str, Any]) -> tuple[list[str], list[str], dict[str, s
     return lines, fails, why
 
 
+def suite_block(data: dict[str, Any]) -> str:
+    """One suite's markdown: its table, its failures and each adapter's declines (bench/claims.py renders
+    it into bench/PEERS.md from the committed report; `report` writes it after a run)."""
+    lines, fails, why = suite_table(data)
+    out = ["Median us; **FAIL**: failed verification (that peer's answer was wrong); n/a: declined.", "", *lines]
+    if fails:
+        out += ["", "Verification failures (first failing row):", "", *fails]
+    if why:
+        out += ["", "Declined, with the adapter's reason:", ""]
+        out += [f"- `{n}`: " + "; ".join(sorted(r for r in rs if r))[:600] for n, rs in sorted(why.items())]
+    return "\n".join(out)
+
+
 def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
-    """The PEERS.md body from the `peers-*.json` replays in `out` (bench/claims.py renders the same)."""
+    """The report body from the `peers-*.json` replays in `out`, and the environment of the last suite."""
     body: list[str] = []
     env: dict[str, Any] = {}
-    commands = json.loads((out / f"{PREFIX}commands.json").read_text()) if (out / f"{PREFIX}commands.json").is_file() \
-        else {}
-    for suite, command in commands.items():
-        path = out / f"{PREFIX}{suite}.json"
-        if not path.is_file():
+    path = out / f"{PREFIX}commands.json"
+    for suite, command in (json.loads(path.read_text()) if path.is_file() else {}).items():
+        report_path = out / f"{PREFIX}{suite}.json"
+        if not report_path.is_file():
             body += [f"## {suite}", "", f"No report: `{command}` wrote none.", ""]
             continue
-        data = json.loads(path.read_text())
+        data = json.loads(report_path.read_text())
         env = data.get("environment", env)
-        lines, fails, why = suite_table(data)
-        body += [f"## {suite}", "", f"`{command}`", "", "Median us (CUDA graphs, cold L2); **FAIL**: failed "
-                 "verification; n/a: declined.", "", *lines, ""]
-        if fails:
-            body += ["Verification failures (first failing row):", "", *fails, ""]
-        if why:
-            body += ["Declined, with the adapter's reason:", ""]
-            body += [f"- `{n}`: " + "; ".join(sorted(r for r in rs if r))[:600] for n, rs in sorted(why.items())]
-            body.append("")
+        body += [f"## {suite}", "", f"`{command}`", "", suite_block(data), ""]
     return body, env
 
 
@@ -187,6 +203,8 @@ def main() -> None:
     ap.add_argument("--suites", default="probe,seed-controls,seed-controls-bf16,stress,decode,decode-bf16")
     ap.add_argument("--scale", default="full")
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds (replay's --rounds)")
+    ap.add_argument("--warmup", type=int, default=None, help="warmup calls (replay's --warmup)")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds for all suites; later ones are skipped")
     ap.add_argument("--scratch", default="/tmp", help="where the probe archive is written")
     ap.add_argument("--no-run", action="store_true", help="only render the report from earlier JSON")
     args = ap.parse_args()

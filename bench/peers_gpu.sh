@@ -3,9 +3,10 @@
 # shared/gpu/peer-kernels; kept in /tmp/peers between calls), install the zarr wheels from .whl/, build
 # the bundled kernels, run the peers' GPU tests, then bench/peers.py for the suites in $SUITES at $SCALE.
 #   SUITES=probe,decode SCALE=full bash bench/peers_gpu.sh      (carry .peers and .whl)
+# Everything goes to /tmp/peers-out; $OUT gets PEERS.md, peers.log and peers.tgz (all of it).
 set -uo pipefail
-out=${OUT:-out/peers}
-mkdir -p "$out"
+out=/tmp/peers-out
+rm -rf "$out"; mkdir -p "$out" "${OUT:=out/peers}"
 if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
 . /tmp/peers/env.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -20,5 +21,6 @@ if [ "${TESTS:-1}" != 0 ]; then
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
 python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \
-  ${ROUNDS:+--rounds $ROUNDS} --md "$out/PEERS.md" 2>&1 | tee "$out/peers.log" | grep -v "^\s*$" | tail -40
+  ${ROUNDS:+--rounds $ROUNDS} ${WARMUP:+--warmup $WARMUP} ${DEADLINE:+--deadline $DEADLINE} --md "$out/PEERS.md" 2>&1 | tee "$out/peers.log" | grep -v "^\s*$" | tail -40
 echo "total: $(( $(date +%s) - t0 )) s"
+cp "$out/PEERS.md" "$out/peers.log" "$OUT/" 2>/dev/null; tar -C "$out" -czf "$OUT/peers.tgz" .

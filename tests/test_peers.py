@@ -170,3 +170,25 @@ def test_a_page_table_maps_back_to_the_columns_it_was_given(layout: str, page_si
     table.map_back(slots, None, out)
     assert torch.equal(out, local)
     assert (layout == "identity") == bool((table.table.flatten().diff() == 1).all())
+
+
+def test_deepselect_upstream_built_for_sm100_only_says_so_on_hopper(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_vllm_adapters import _elf_with_fatbin
+
+    pkg = tmp_path / "deep_select"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("def get_stride_requirement():\n    return (1024, 32)\n")
+    _elf_with_fatbin(pkg / "deep_select_cuda.cpython-312-x86_64-linux-gnu.so", [(2, 100), (2, 103)])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    upstream.import_package.cache_clear()
+    try:
+        sel = build(f"deepselect-upstream@{tmp_path}")
+        assert sel.supports(_case(), CUDA) == "no sm_90 code in deep_select (it has sm_100, sm_103)"
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+        assert sel.supports(_case(starts=True), CUDA) == \
+            "takes a per-row end only: rows starting past column 0 (multi-request chunks) are not supported"
+    finally:
+        sys.modules.pop("deep_select", None)
+        sys.path.remove(str(tmp_path))
+        upstream.import_package.cache_clear()

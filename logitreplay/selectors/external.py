@@ -7,6 +7,8 @@ cannot do. Whether an upstream kernel really honours the contract is not assumed
 
 from __future__ import annotations
 
+import glob
+import os
 from typing import Any
 
 import torch
@@ -35,7 +37,12 @@ class DeepSelectUpstream(Upstream):
     max_k = 4096
 
     def find(self) -> Loaded | str:
-        return import_package("deep_select", "deep_select (built from DeepSeek's DeepSelect repository)", self.path)
+        found = import_package("deep_select", "deep_select (built from DeepSeek's DeepSelect repository)", self.path)
+        if isinstance(found, str) or found.file is None:
+            return found
+        # The architecture probe reads the extension (deep_select_cuda*.so), not the package's __init__.
+        lib = next(iter(sorted(glob.glob(os.path.join(os.path.dirname(found.file), "deep_select_cuda*.so")))), None)
+        return Loaded(found.source, lib)
 
     def _import(self) -> Any:
         import deep_select
