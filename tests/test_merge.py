@@ -57,6 +57,9 @@ def test_the_reports_of_slices_merge_into_the_whole_run(archive: str, tmp_path: 
     assert differences(whole, merged) == []
     assert [(r["job"], r["cases"]) for r in merged.ranks] == [(str(parts[0]), ["t0", "t1", "t2"]),
                                                               (str(parts[1]), ["t3", "t4", "t5"])]
+    res = CliRunner().invoke(main, ["merge", *map(str, parts), "--out", str(tmp_path / "r.json"), "--json"])
+    assert json.loads(res.stdout) == {"out": str(tmp_path / "r.json"), "cases": 6, "reports": list(map(str, parts)),
+                                      "gpus": []}
 
 
 def test_mixed_protocols_and_a_case_twice_are_refused_in_one_line(archive: str, tmp_path: Path) -> None:
