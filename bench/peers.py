@@ -7,7 +7,8 @@ buffer. Its fast top-k bins every value by the top 8 bits of its float16 key, se
 k-th's to the output and keeps the k-th's bin for the finer rounds in shared memory of a fixed size
 (4096 entries a round in sglang 0.5.23's JIT twin `fast_topk.cuh`, "clip here to prevent overflow"):
 past that, candidates are dropped. A probe row holds `c` values inside one float16 bin (1 + tiny
-distinct steps) and 2048 <= c, the rest far below; rows with c = 4096 fit, c > 4096 do not.
+steps, distinct up to c = 4097) and 2048 <= c, the rest far below; rows with c = 4096 fit, c > 4096 do
+not.
 
     python bench/peers.py --out out/peers --suites seed-controls,stress,decode --scale full
     python bench/peers.py --out bench/results/h200-2026-12-02 --md bench/PEERS.md --no-run
@@ -39,7 +40,8 @@ PREFIX = "peers-"
 
 def probe_cases() -> list[Any]:
     """One case per candidate count `c`: 8 rows of 32768 columns, `c` values in [1, 1.0005) (one
-    float16 bin, distinct float32 values), the rest normal values around -50, top_k 2048."""
+    float16 bin; float32 steps keep them distinct up to c = 4097), the rest normal values around -50,
+    top_k 2048."""
     from logitreplay.archive import Case
 
     rows, out = 8, []

@@ -6,6 +6,7 @@ never the replay's logits), and declines what the real kernel cannot do with a r
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +193,24 @@ def test_deepselect_upstream_built_for_sm100_only_says_so_on_hopper(tmp_path: Pa
         sys.modules.pop("deep_select", None)
         sys.path.remove(str(tmp_path))
         upstream.import_package.cache_clear()
+
+
+def _coarse_bin(values: np.ndarray) -> np.ndarray:
+    """sgl-kernel's first-pass bin: the top 8 bits of the order key of each value's float16."""
+    bits = values.astype(np.float16).view(np.uint16).astype(np.uint32)
+    key = np.where(bits & 0x8000, ~bits & 0xFFFF, bits | 0x8000)
+    return key >> 8
+
+
+def test_the_probe_puts_exactly_c_candidates_in_the_kth_values_coarse_bin() -> None:
+    spec = importlib.util.spec_from_file_location("peers_bench", Path(__file__).parents[1] / "bench" / "peers.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for case, count in zip(bench.probe_cases(), bench.PROBE_COUNTS, strict=True):
+        logits = case.padded(device="cpu").numpy()
+        for row in logits:
+            kth = np.sort(row)[-case.top_k]
+            assert int((_coarse_bin(row) == _coarse_bin(np.array([kth]))[0]).sum()) == count
+            if count <= 4097:  # distinct across the buffer's limit: a dropped candidate changes the answer
+                assert len(np.unique(row[row > 0])) == count
