@@ -5,8 +5,8 @@ per suite, and bench/PEERS.md rendered from the JSON those replays write.
 Besides the synth suites it replays `probe`: rows built to find the capacity of sgl-kernel's candidate
 buffer. Its fast top-k bins every value by the top 8 bits of its float16 key, sends the bins above the
 k-th's to the output and keeps the k-th's bin for the finer rounds in shared memory of a fixed size
-(4096 entries a round in sglang 0.5.23's JIT twin `fast_topk.cuh`, "clip here to prevent overflow"):
-past that, candidates are dropped. A probe row holds `c` values inside one float16 bin (1 + tiny
+(4096 entries a round in sglang 0.5.23's JIT twin `fast_topk.cuh`, the count clipped to it): past
+that, candidates are dropped. A probe row holds `c` values inside one float16 bin (1 + tiny
 steps, distinct up to c = 4097) and 2048 <= c, the rest far below; rows with c = 4096 fit, c > 4096 do
 not.
 
