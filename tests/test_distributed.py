@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from logitreplay.archive import Archive, Case
 from logitreplay.cli import main
 from logitreplay.datasets import hub
-from logitreplay.replay.distributed import shard
+from logitreplay.replay.distributed import CHILD_ENV, shard
 from logitreplay.replay.merge import differences
 from logitreplay.replay.results import ReplayResult, read_json
 from logitreplay.replay.sources import case_costs, open_cases
@@ -37,15 +37,22 @@ KILL_RANK_ENV = "LOGITREPLAY_TEST_KILL_RANK"
 
 
 def _rank_process() -> int:
-    """The rank's replaying process: the nearest ancestor (or this process) run as `python -m logitreplay`;
-    a selector runs in a worker process below it."""
-    pid = os.getpid()
-    while pid > 1:
-        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"logitreplay"]:
-            return pid
+    """The rank's replaying process: the topmost of this process and its ancestors started with CHILD_ENV
+    set (the child a supervisor starts; its workers, forked or from a fork server, inherit it), so not
+    the worker the selector runs in, whose death costs only its own result."""
+
+    def parent(pid: int) -> int:
         status = Path(f"/proc/{pid}/status").read_text().splitlines()
-        pid = int(next(line.split()[1] for line in status if line.startswith("PPid:")))
-    raise AssertionError("no `python -m logitreplay` above this process")
+        return int(next(line.split()[1] for line in status if line.startswith("PPid:")))
+
+    def started_as_rank(pid: int) -> bool:
+        return pid > 1 and f"{CHILD_ENV}=1".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+    pid = os.getpid()
+    assert started_as_rank(pid), "not in a rank"
+    while started_as_rank(parent(pid)):
+        pid = parent(pid)
+    return pid
 
 
 class _Killer(ReferenceSelector):
