@@ -55,8 +55,25 @@ def test_render_folds_text_columns_to_fit_and_never_pads_a_line() -> None:
     assert "12345" in lines[2]  # numbers stay whole, on the row's first line
     assert "".join(line.split()[0] for line in lines[2:] if not line.startswith("short")).startswith(
         "a-very-long-case-id")
+    assert lines[2].split()[0].endswith("-")  # an id folds after a hyphen
     wide = render(cols, rows, None)
     assert len(wide) == 4  # --wide: one line per row, however wide
+
+
+def test_a_narrow_table_with_more_ratios_than_fit_leaves_the_last_out_and_says_so() -> None:
+    names = ["reference", "native", "deepselect", "split"]
+    case = CaseResult("stride-normal-c16384-r1024-k512-bf16-requests-s16640", 1024, 16384, 512, "bfloat16", 16384,
+                      "normal", 1 << 26)
+    case.floor_us = 130.1
+    case.results = [SelectorResult(s, "ok", timing=Timing([1234.5, 1200.0, 1250.0], "events")) for s in names]
+    result = ReplayResult("cuda:0", "CUDA kernel time", TimingProtocol(), {}, "native", names, [case])
+    lines, left_out = report.table(result)
+    assert max(map(len, lines)) <= 80 and left_out == ["split"]
+    assert lines[0].split()[-2:] == ["/ref", "/dsel"]
+    assert "not shown for lack of room: /split (--wide shows every column)" in report.legend(result, False, left_out)
+    assert report.table(result, wide=True)[1] == [] and "native/split" in report.table(result, wide=True)[0][0]
+    assert all(len(line) <= 80 for text in report.heading(result) for line in report.wrap(text))
+    assert len(report.heading(result)[1]) <= 80  # the CUDA protocol line fits on its own
 
 
 # -- one time unit per device kind

@@ -92,15 +92,19 @@ def annotate_auto(result: ReplayResult, rule: DispatchRule, console: Console) ->
 _DTYPE = {"float32": "fp32", "bfloat16": "bf16"}
 
 
-def print_per_forward(totals: Sequence[ArchiveForwards], suite: str | None, console: Console) -> None:
+def print_per_forward(totals: Sequence[ArchiveForwards], suite: str | None, console: Console,
+                      device: str) -> None:
+    """Per archive, each selector's top-k time per forward (in the replay device's unit) and its share of
+    the captured forward (whose time is the capture's, in us)."""
+    name_of_unit, scale = unit(device)
     for a in totals:
         if a.no_records:
             print_lines(console, wrap(f"per forward, {a.location}: {a.no_records}"))
             continue
         wall = "no forward time recorded" if a.forward_us is None else f"forward {a.forward_us:.1f} us ({a.timer})"
-        columns = [Column("selector"), Column("top-k us/forward", right=True), Column("share", right=True),
+        columns = [Column("selector"), Column(f"top-k {name_of_unit}/forward", right=True), Column("share", right=True),
                    Column("calls untimed", right=True)]
-        cells = [[s.selector, _time(s.topk_us_per_forward),
+        cells = [[s.selector, _time(s.topk_us_per_forward, scale),
                   "-" if s.share_of_forward is None else f"{s.share_of_forward:.1%}", str(s.untimed_calls)]
                  for s in a.totals]
         print_lines(console, wrap(f"per forward, {a.location}: {a.forwards} forwards, {a.calls / a.forwards:.1f} "

@@ -91,7 +91,7 @@ def _decide(result: ReplayResult, inputs: list[str], suite: str | None, recommen
 
         totals = forward_totals(result, [Archive.open(loc) for loc in inputs])
         result.per_forward = [t.to_json() for t in totals]
-        decisions.print_per_forward(totals, suite, console)
+        decisions.print_per_forward(totals, suite, console, result.device)
     if rule_out is not None:
         from logitreplay.replay.recommend import fit_rule
 

@@ -47,7 +47,7 @@ class TimingProtocol:
             warm = "the verification call" + (f" and {self.warmup} more" if self.warmup else "")
             return f"warmup: {warm}; {rounds}, wall clock"
         line = f"warmup {self.warmup}, {rounds}"
-        return line + f", timer {self.timer}, L2 {self.l2}, CUDA graphs {'on' if self.graphs else 'off'}"
+        return line + f", timer {self.timer}, L2 {self.l2}, graphs {'on' if self.graphs else 'off'}"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,6 +19,7 @@ for). A cell that was not timed says what happened: unsupported (and why), FAILE
 from __future__ import annotations
 
 import csv
+import re
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
@@ -54,15 +55,16 @@ class Column:
     header: str
     right: bool = False
     fold: bool = False
+    least: int = 8  # a fold column narrows to no less (and never below its header)
 
 
 def render(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None = WIDTH) -> list[str]:
     """Plain lines of a table: the headers, a rule, then the rows, two spaces between columns and no
     trailing spaces (piped output stays clean). Above `width`, the fold columns narrow, the widest first,
-    down to their header or 8 characters, their cells wrapped at hyphens and spaces; `width=None` (--wide)
-    keeps every cell on one line."""
+    down to their header or `least` characters, their cells folded after hyphens and spaces;
+    `width=None` (--wide) keeps every cell on one line."""
     sizes = [max([len(c.header), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
-    floor = [max(len(c.header), 8) if c.fold else s for c, s in zip(columns, sizes, strict=True)]
+    floor = [min(s, max(len(c.header), c.least)) if c.fold else s for c, s in zip(columns, sizes, strict=True)]
     while width is not None and sum(sizes) + len(_GAP) * (len(sizes) - 1) > width:
         narrowable = [i for i in range(len(sizes)) if sizes[i] > floor[i]]
         if not narrowable:
@@ -75,11 +77,25 @@ def render(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int 
 
     out = [line([c.header for c in columns]), "\u2500" * (sum(sizes) + len(_GAP) * (len(sizes) - 1))]
     for row in rows:
-        parts = [textwrap.wrap(c, n, break_on_hyphens=True) or [""] if col.fold and len(c) > n else [c]
-                 for c, n, col in zip(row, sizes, columns, strict=True)]
+        parts = [fold(c, n) if col.fold and len(c) > n else [c] for c, n, col in zip(row, sizes, columns, strict=True)]
         for k in range(max(len(p) for p in parts)):
             out.append(line([p[k] if k < len(p) else "" for p in parts]))
     return out
+
+
+def fold(text: str, width: int) -> list[str]:
+    """`text` over lines of at most `width`, broken after hyphens and spaces (`a-normal-bf16-` /
+    `requests`), a piece longer than a line cut where it must."""
+    lines, line = [], ""
+    for piece in re.findall(r"[^-\s]*[-\s]|[^-\s]+$", text):
+        if line and len(line + piece.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        while len(piece.rstrip()) > width:
+            lines.append(piece[:width])
+            piece = piece[width:]
+        line += piece
+    return [*lines, line.rstrip()] if line.strip() or not lines else lines
 
 
 def wrap(text: str, width: int | None = WIDTH) -> list[str]:
@@ -203,7 +219,7 @@ def _layout(result: ReplayResult, wide: bool, others: list[str]) -> list[str]:
     scale = unit(result.device)[1]
     names = {s: s for s in result.selectors} if wide else short_names(result.selectors)
     floors = any(c.floor_us is not None for c in result.cases)
-    cols = [Column("case", fold=True)]
+    cols = [Column("case", fold=True, least=16)]  # an id over more than 3 lines: rather fewer ratio columns
     cols += [Column(h, right=True) for h in (("logits cols", "query rows", "k") if wide else ("cols", "rows", "k"))]
     if wide:
         cols += [Column("source"), Column("DS fast path")]  # would vLLM route it to DeepSelect's fast path
