@@ -261,3 +261,17 @@ def test_the_capture_summary_fits_80_columns(capsys: pytest.CaptureFixture[str])
                                for i in range(3)}})
     out = capsys.readouterr().out
     assert "model.layers.0" in out and "16384" in out and not too_wide_or_padded(out)
+
+
+def test_build_kernels_lists_its_libraries_within_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without nvcc here, the build itself is replaced; the table is what the command prints of its results."""
+    from logitreplay.selectors.cuda import build
+
+    cache = "/home/someone/.cache/logitreplay/kernels"
+    monkeypatch.setattr(build, "check_arch", lambda arch, toolchain: None)
+    monkeypatch.setattr(build, "toolchain", lambda: None)
+    monkeypatch.setattr(build, "build", lambda name, arch: f"{cache}/{name}-sm_90a-0123456789abcdef0123.so")
+    res = cli("build-kernels", "--arch", "sm_90a")
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[0].split() == ["kernel", "arch", "seconds", "library"]
+    assert "deepselect" in res.output and not too_wide_or_padded(res.output)

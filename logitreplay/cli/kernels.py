@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 
 from logitreplay.cli.common import emit_json, json_option, user_errors
+from logitreplay.replay.report import Column, render
 from logitreplay.selectors.cuda import build
 
 
@@ -36,5 +37,5 @@ def build_kernels_cmd(arch: str | None, names: tuple[str, ...], json_out: str | 
         emit_json({"arch": target, "nvcc": build.toolchain().version,
                    "kernels": {n: {"path": p, "seconds": round(s, 2)} for n, p, s in results}}, json_out)
         return
-    for name, path, seconds in results:
-        click.echo(f"{name:12s} {target}  {seconds:6.2f} s  {path}")
+    columns = [Column("kernel"), Column("arch"), Column("seconds", right=True), Column("library", fold=True)]
+    click.echo("\n".join(render(columns, [[n, target, f"{s:.2f}", p] for n, p, s in results])))
