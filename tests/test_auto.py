@@ -230,3 +230,34 @@ def test_auto_computes_the_features_its_rule_needs_and_notes_its_choice() -> Non
     assert parse_note(auto.note(case)) == ("deepselect", f"float32 prefill, bin_load {features(case)['bin_load']:.3g}"
                                                          " >= 0.5")
     assert parse_note("unsupported: no") is None
+
+
+def test_rule_without_auto_is_refused_in_one_line(tmp_path: Path) -> None:
+    rule = fit_rule(_result(_case("a", 4096, 100, 200)))
+    rule.save(tmp_path / "rule.json")
+    res = CliRunner().invoke(main, ["replay", "--suite", "stress", "--selectors", "native", "--rule",
+                                    str(tmp_path / "rule.json")], env=NO_RULE)
+    assert res.exit_code == 2 and "only the auto selector follows a rule" in res.output
+
+
+def test_the_auto_table_flags_a_rule_fitted_on_another_kind_of_device() -> None:
+    from rich.console import Console
+
+    from logitreplay.cli.decisions import annotate_auto, print_rule
+
+    cpu_rule = fit_rule(ReplayResult("cpu", "t", TimingProtocol(), {}, "native", ["native", "deepselect"],
+                                     [_case("a", 4096, 100, 200)]))
+    case = _case("b", 4096, 100, 200)
+    case.results.append(SelectorResult("auto", "ok", reason="chose native (float32 prefill, bin_load 3 >= 1)",
+                                       timing=Timing([101])))
+    result = ReplayResult("cuda:0", "t", TimingProtocol(), {"gpu": "H200"}, "native", ["native", "deepselect", "auto"],
+                          [case])
+    console = Console(record=True, width=80)
+    annotate_auto(result, cpu_rule, console)
+    text = console.export_text()
+    assert "bin_load 3 >= 1" in text  # the feature auto's note named, not a width-only re-choice
+    assert "warning: the dispatch rule was fitted on the CPU models' wall clock" in " ".join(text.split())
+    assert any("fitted on the CPU" in n for n in result.notes)  # and the report says so too
+    console = Console(record=True, width=80)
+    print_rule(cpu_rule, console)
+    assert "native for all cols" in console.export_text() and "0 <=" not in console.export_text()
