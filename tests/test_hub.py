@@ -31,8 +31,9 @@ REPO = "org/stress"
 def suite_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("suite") / "stress.zarr"
     archive = Archive.create(path, attrs={"title": "logitreplay stress (small)"})
-    for case in synth.suite("stress", "small"):
-        archive.write(case)
+    for recipe in synth.recipes("stress", "small"):
+        if not isinstance(recipe, synth.FloodRecipe):  # the 12 cases the sizes below are counted on
+            archive.write(synth.generate(recipe))
     return path
 
 
