@@ -70,4 +70,5 @@ def test_the_run_finishes_in_a_fresh_worker_and_strict_exits_1(tmp_path: Path, l
     report = json.loads((tmp_path / "r.json").read_text())
     statuses = [[(r["selector"], r["status"]) for r in c["results"]] for c in report["cases"]]
     assert statuses == [[("reference", "ok"), ("sticky", "error")]] + [[("reference", "ok"), ("sticky", "ok")]] * 2
-    assert any(n.endswith("on case c0; a fresh worker continued the run from there") for n in report["notes"])
+    assert any(n.startswith("sticky on case c0: CUDA context lost") and
+               n.endswith("a fresh worker continued the run from there") for n in report["notes"])

@@ -15,10 +15,11 @@ itself; a death while reading a case makes that case invalid. A fresh worker the
 case with the selectors whose result there is not yet known.
 
 Workers are forked from multiprocessing's fork server, which imports torch and the engine once per run
-and never initialises CUDA or a thread pool: a worker starts in milliseconds, and its torch state is a
-fresh process's (a fork of the parent itself would inherit its CUDA context and OpenMP pools, which hang
-or fail in a child). The worker takes the parent's working directory, environment, import path and
-thread count.
+(started when the run starts, so that its imports overlap the parent's set-up) and never starts CUDA or
+a thread pool: a worker then starts in milliseconds. A fork of the parent itself would inherit its CUDA
+context and OpenMP pool, which fail or hang in a child (a team of threads that no longer exists). The
+worker takes the parent's working directory, environment, import path and thread count, and dies with
+its parent.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _after(job: Job, end: _End, headers: dict[int, CaseResult], parts: dict[int,
            notes: list[str]) -> Job:
     """The job of the next worker after `end`, recording the result it settles."""
     i = end.index
-    if not end.started:  # it died reading the case: the case is unusable, the run goes on after it
+    if not end.started or i not in headers:  # it died reading the case: unusable, the run goes on after it
         headers[i] = CaseResult(f"#{i}", 0, 0, 0, "-", 0, "unreadable", 0,
                                 invalid=f"the worker died while reading this case: {end.reason}")
         notes.append(f"case {i} (0-based) could not be read: {end.reason}")
@@ -124,15 +125,15 @@ def _after(job: Job, end: _End, headers: dict[int, CaseResult], parts: dict[int,
     have = parts.setdefault(i, {})  # every result on case i so far, from this worker and the ones before
     unresolved = [n for n in end.step or () if n not in have]
     one_by_one = job.one_by_one and i == job.start
-    if end.lost:  # the culprit's error is its result (when one selector alone lost the context)
-        notes.append(f"{end.reason} on case {headers[i].case_id}; a fresh worker continued the run from there")
-        one_by_one = one_by_one or end.culprit is None
-    elif len(unresolved) == 1:
-        have[unresolved[0]] = SelectorResult(unresolved[0], "error", end.reason)
-        notes.append(f"{unresolved[0]} ended its worker on case {headers[i].case_id} ({end.reason}); a fresh "
-                     "worker continued the run from there")
-    elif unresolved:  # one of several ended it: a fresh worker runs them one at a time to find which
+    culprit = end.culprit if end.lost else None  # a lost context's culprit has sent its error itself
+    if culprit is None and len(unresolved) == 1:
+        culprit = unresolved[0]
+        have[culprit] = SelectorResult(culprit, "error", end.reason)
+    elif culprit is None and unresolved:  # one of several ended it: run them one at a time to find which
         one_by_one = True
+    if culprit is not None:
+        notes.append(f"{culprit} on case {headers[i].case_id}: {end.reason}; a fresh worker continued the run "
+                     "from there")
     known = tuple(n for n in job.names if n in have)
     if len(known) == len(job.names):
         return replace(job, start=i + 1, known=(), one_by_one=False)
@@ -251,9 +252,19 @@ def _death(code: int | None, log: str) -> str:
     return what + (f" ({one_line(lines[-1], 200)})" if lines else "")
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this worker when the process that forked it (the fork server, which ends with the run)
+    ends, so that no worker outlives a run that was itself killed (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _work(job: Job, out: Connection, log: str) -> None:
     """Worker side: replay the job's cases with its selectors, reporting each step as it goes."""
     os.setsid()  # its own process group, out of reach of the terminal's Ctrl-C (the parent handles that)
+    _die_with_parent()
     os.chdir(job.context["cwd"])
     os.environ.clear()
     os.environ.update(job.context["env"])
@@ -261,6 +272,7 @@ def _work(job: Job, out: Connection, log: str) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)  # a plugin's prints, and a dying worker's last words, go to the log
     os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 (no lock a parent's thread held)
     # Locks made here (zarr's codecs make one) are this process's own: as in a forked process, their
     # names are unlinked at once, so a worker that dies leaves none for the parent's resource tracker.
     multiprocessing.set_start_method("fork", force=True)

@@ -155,7 +155,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
 
     Raises a `LogitreplayError` (one line) for a run that cannot start: unknown selectors, a baseline
     that is not one of them, a CUDA device torch cannot see, nothing to replay."""
-    start_server()  # its import of torch overlaps what follows
+    start_server()  # the workers' fork server: its import of torch overlaps what follows
     config = resolve(config)
     dev = torch.device(config.device or "cpu")
     if config.rule_path is not None:
