@@ -112,16 +112,7 @@ def register() -> None:
     try:
         import vllm
 
-        spec = os.environ.get(ENV_RANKS, AUTO).strip().lower()
-        capture = VllmCapture(
-            directory,
-            Policy.parse(os.environ.get(ENV_POLICY, "")),
-            ranks=spec if spec == AUTO else None if spec == "all" else {int(r) for r in spec.split("+")},
-            max_pending_bytes=parse_size(os.environ.get(ENV_PENDING, str(DEFAULT_MAX_PENDING_BYTES))),
-            exit_wait_s=float(os.environ.get(ENV_EXIT_WAIT, "60")),
-            provenance={"engine": "vllm", "engine_version": getattr(vllm, "__version__", None)},
-        )
-        capture.install()
+        VllmCapture.from_env(directory, "vllm", getattr(vllm, "__version__", None)).install()
     except Exception as e:
         log.error("logitreplay capture not enabled: %s: %s", type(e).__name__, e)
 
@@ -156,6 +147,19 @@ class VllmCapture:
         self._patched: list[tuple[Any, str, Any]] = []  # (target, attribute, original)
         self.steps = Steps(self.runner)
         self._recorded = False
+
+    @classmethod
+    def from_env(cls, directory: str, engine: str, version: str | None) -> VllmCapture:
+        """The capture the `LOGITREPLAY_CAPTURE_*` settings describe (raises on a malformed one)."""
+        spec = os.environ.get(ENV_RANKS, AUTO).strip().lower()
+        return cls(
+            directory,
+            Policy.parse(os.environ.get(ENV_POLICY, "")),
+            ranks=spec if spec == AUTO else None if spec == "all" else {int(r) for r in spec.split("+")},
+            max_pending_bytes=parse_size(os.environ.get(ENV_PENDING, str(DEFAULT_MAX_PENDING_BYTES))),
+            exit_wait_s=float(os.environ.get(ENV_EXIT_WAIT, "60")),
+            provenance={"engine": engine, "engine_version": version},
+        )
 
     def install(self, sites: tuple[Site, ...] | None = None) -> int:
         """Wrap each site's attribute on each of its targets that has it; returns how many were wrapped.
@@ -377,19 +381,29 @@ def _device_name(device: torch.device) -> str:
 
 @functools.cache
 def _model_facts() -> dict[str, Any]:
-    """Model id and exact revision (the hub-cache snapshot sha): from LOGITREPLAY_CAPTURE_MODEL /
-    LOGITREPLAY_CAPTURE_REVISION, else from the engine's config when it is current in this process."""
+    """Model id and exact revision (the hub-cache snapshot sha) for vLLM: see `recorded_model`."""
+    return recorded_model(_vllm_model)
+
+
+def _vllm_model() -> tuple[str, str | None] | None:
+    """The model of the vLLM config current in this process, if one is."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    model_config = getattr(get_current_vllm_config_or_none(), "model_config", None)
+    return None if model_config is None else (str(model_config.model), getattr(model_config, "revision", None))
+
+
+def recorded_model(engine_model: Callable[[], tuple[str, str | None] | None]) -> dict[str, Any]:
+    """The model facts every case records: from LOGITREPLAY_CAPTURE_MODEL / LOGITREPLAY_CAPTURE_REVISION,
+    else from what the engine says (`engine_model`: (model, revision) or None; it may raise)."""
     model, revision = os.environ.get(ENV_MODEL), os.environ.get(ENV_REVISION)
     if model is None:
         try:
-            from vllm.config import get_current_vllm_config_or_none
-
-            config = get_current_vllm_config_or_none()
-            model_config = getattr(config, "model_config", None)
-            if model_config is not None:
-                model, revision = str(model_config.model), revision or getattr(model_config, "revision", None)
+            found = engine_model()
         except Exception:
-            pass
+            found = None
+        if found is not None:
+            model, revision = found[0], revision or found[1]
     if model is None:
         return {}
     from logitreplay.capture.hf import model_provenance
@@ -398,4 +412,4 @@ def _model_facts() -> dict[str, Any]:
 
 
 __all__ = ["AUTO", "ENV_DIR", "ENV_EXIT_WAIT", "ENV_MODEL", "ENV_PENDING", "ENV_POLICY", "ENV_RANKS",
-           "ENV_REVISION", "VllmCapture", "register"]
+           "ENV_REVISION", "VllmCapture", "recorded_model", "register"]

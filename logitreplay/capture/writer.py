@@ -252,7 +252,7 @@ class CaptureWriter:
         chunk = dict(item.attrs.get("chunk", {}))
         offsets = named["key_offsets"].numpy() if "key_offsets" in named else None
         if offsets is not None:
-            chunk["row_key_offsets"] = _runs(offsets)
+            chunk["row_key_offsets"] = runs(offsets)
         requests = (item.requests if item.requests is not None
                     else len(np.unique(starts)) if offsets is None else count_requests(offsets, ends))
         if self.selection.policy.single_request_only and (requests != 1 or starts.any()):
@@ -336,12 +336,13 @@ def count_requests(key_offsets: np.ndarray, ends: np.ndarray) -> int:
     return int(breaks.sum()) + 1
 
 
-def _runs(values: np.ndarray) -> list[list[int]]:
-    """Runs of equal consecutive values as [first_row, end_row, value]: a per-row vector that is constant
-    within each request, stored compactly and exactly."""
+def runs(values: np.ndarray, step: int = 0) -> list[list[int]]:
+    """Runs of consecutive values that each exceed the one before by `step`, as [first, end, first value]:
+    a per-row vector constant within each request (step 0), or a page table's consecutive pages (step 1),
+    stored compactly and exactly."""
     if values.size == 0:
         return []
-    cuts = np.flatnonzero(np.diff(values)) + 1
+    cuts = np.flatnonzero(np.diff(values.astype(np.int64)) != step) + 1
     firsts = np.concatenate(([0], cuts))
     lasts = np.concatenate((cuts, [values.size]))
     return [[int(a), int(b), int(values[a])] for a, b in zip(firsts, lasts, strict=True)]
@@ -371,4 +372,4 @@ def _open_archive(path: Path) -> Archive:
         time.sleep(0.05)
 
 
-__all__ = ["CaptureWriter", "DEFAULT_MAX_PENDING", "DEFAULT_MAX_PENDING_BYTES", "count_requests"]
+__all__ = ["CaptureWriter", "DEFAULT_MAX_PENDING", "DEFAULT_MAX_PENDING_BYTES", "Finish", "count_requests", "runs"]
