@@ -23,6 +23,9 @@ recorded while a CUDA graph is captured would be baked into the graph); calls ma
 vLLM's other dummy runs, or while a graph is captured, are not counted (the plugin's rules for staging).
 Calls made outside a wrapped step (a runner class not found, a subclass overriding `execute_model`
 without calling it) form one untimed forward per run of such calls.
+
+Another engine's step is a `Runner` (the SGLang plugin's: `ModelRunner.forward`, whose dummy runs are
+SGLang's capture mode and whose CUDA-graph replays are counted as `graph_steps`, their calls unseen).
 """
 
 from __future__ import annotations
