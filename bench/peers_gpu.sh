@@ -17,7 +17,7 @@ t0=$(date +%s)
 python3 -c "$cli" build-kernels > "$out/build.log" 2>&1; tail -2 "$out/build.log"
 echo "build: $(( $(date +%s) - t0 )) s"
 if [ "${TESTS:-1}" != 0 ]; then
-  python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_peers.py 2>&1 | tee "$out/pytest-peers.log" | tail -25
+  python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_gpu_peers.py 2>&1 | tee "$out/pytest-peers.log" | tail -25
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
 python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \

@@ -360,3 +360,8 @@ def point_client_at(hub: LoopbackHub, monkeypatch: Any, tmp_path: Path) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.delenv("HF_XET_CACHE", raising=False)  # `pull` points it into its target
+    # A replay reads in worker processes that import the client afresh: they find the same settings in
+    # the environment, as a user's own HF_ENDPOINT reaches them.
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "client-cache"))
