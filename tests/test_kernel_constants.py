@@ -170,12 +170,14 @@ def test_deepselect_prime_rank_margin_and_key_bits_match_the_model() -> None:
     margin = re.search(r"ceilf\(mu \+ ([\d.]+)f \* sqrtf\(mu\) \+ ([\d.]+)f\)", DS)
     assert margin, "keep_rank's margin"
     sigmas, extra = float(margin[1]), float(margin[2])
-    seen = torch.tensor([1, 512, 2048, 4096, 70000])
-    length = torch.tensor([3000, 8192, 8192, 100000, 163840])
+    seen = torch.tensor([1, 512, 2048, 4096, 70000, 2048])
+    length = torch.tensor([3000, 8192, 8192, 100000, 163840, 17244])
     for top_k in (1, 100, 512, 2048, 4096):
-        mu = top_k * seen.double() / length.double()
+        # the kernel's float arithmetic: at 512 of 17244 after 2048 it ranks 108 where exact maths says 109
+        mu = torch.tensor(float(top_k)) * seen.float() / length.float()
         expected = torch.ceil(mu + sigmas * mu.sqrt() + extra).clamp(max=top_k).to(torch.int64)
         assert torch.equal(cpu_models.keep_rank(top_k, seen, length), expected), top_k
+    assert int(cpu_models.keep_rank(512, torch.tensor([2048]), torch.tensor([17244]))[0]) == 108
     for bits, name in ((cpu_models.DS_FIRST_BITS, "kFirstBits"), (cpu_models.DS_KEY_BITS, "kKeyBits")):
         rule = re.search(rf"static constexpr int {name} = sizeof\(T\) == 4 \? (\d+) : (\d+);", DS)
         assert rule and bits == (int(rule[1]), int(rule[2])), name

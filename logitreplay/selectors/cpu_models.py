@@ -400,8 +400,8 @@ def keep_rank(top_k: int, seen: torch.Tensor, length: torch.Tensor) -> torch.Ten
     """deepselect.cu's speculative rank after `seen` of a row's `length` elements: of the row's top_k
     about mu = top_k * seen / length were seen, and the rank mu + 4 sqrt(mu) + 16 (at most top_k) is
     with overwhelming probability still at or below the row's k-th value."""
-    mu = top_k * seen.double() / length.clamp(min=1).double()
-    return torch.ceil(mu + 4 * mu.sqrt() + 16).clamp(max=top_k).to(torch.int64)
+    mu = torch.tensor(top_k, dtype=torch.float32) * seen.float() / length.clamp(min=1).float()
+    return torch.ceil(mu + 4 * mu.sqrt() + 16).clamp(max=top_k).to(torch.int64)  # fp32, as the kernel
 
 
 def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
@@ -428,11 +428,22 @@ def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: to
     return out, DeepSelectWork(*counters)
 
 
-def _rank_key(ranked: torch.Tensor, rank: torch.Tensor, low: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of descending keys: the key of rank `rank` with its `low` bits cleared (what the kernel's
-    select resolves: a lower bound when bits are cleared), and how many keys are at or above it."""
-    at = ranked.gather(1, (rank - 1).clamp(0, ranked.shape[1] - 1).unsqueeze(1)).squeeze(1) & ~low
-    return at, (ranked >= at.unsqueeze(1)).sum(1)
+def _rank_key(ranked: torch.Tensor, rank: torch.Tensor, key_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of descending keys: the threshold prefix common.cuh's radix_select_rule finds for the `rank`
+    largest, and how many keys are at or above it. The select resolves 8 bits at a time from the top and
+    stops at the first digit whose bucket is taken whole, so the prefix is the rank-th key with the bits
+    below that digit (at least those below `key_bits`) cleared: a lower threshold than the key itself,
+    which lets more of a row's later elements in."""
+    kth = ranked.gather(1, (rank - 1).clamp(0, ranked.shape[1] - 1).unsqueeze(1)).squeeze(1)
+    prefix, count = kth, torch.zeros_like(kth)
+    done = torch.zeros(kth.shape, dtype=torch.bool)
+    for bits in range(8, key_bits + 1, 8):
+        at = kth & ~((1 << (32 - bits)) - 1)
+        not_below = (ranked >= at.unsqueeze(1)).sum(1)
+        stop = ~done & ((not_below == rank) | (bits == key_bits))
+        prefix, count = torch.where(stop, at, prefix), torch.where(stop, not_below, count)
+        done |= stop
+    return prefix, count
 
 
 def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, heads: torch.Tensor, top_k: int,
@@ -442,7 +453,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
     first threshold came from the first round, lost the rows to redo.
     Keys are the kernel's unsigned order keys (as int64; -1 marks an empty buffer cell). Its selects
     resolve bf16 keys to 16 bits (all they carry), fp32 keys to 32, and the first threshold to 24."""
-    first_low, select_low = ((1 << (32 - bits[bf16])) - 1 for bits in (DS_FIRST_BITS, DS_KEY_BITS))
+    first_bits, select_bits = DS_FIRST_BITS[bf16], DS_KEY_BITS[bf16]
     n, width = x.shape
     key = f32_key(x).to(torch.int64) + 2**31
     lengths = ends - starts
@@ -468,7 +479,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
             rank = keep_rank(top_k, torch.full((n,), cfg.round), span) if speculate else full_rank
             first = selecting & (rounds > 1) & (rank <= inside.sum(1))  # the round holds rank keys
             prefix, not_below = _rank_key(torch.where(inside, k, -1).sort(dim=1, descending=True).values, rank,
-                                          first_low)
+                                          first_bits)
             lowest = torch.where(first, prefix, lowest)
             # At least top_k keys at or above the prefix: later rounds need none equal to it.
             later = torch.where(first & (not_below >= top_k), prefix + 1, lowest)
@@ -487,7 +498,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
             ranked, order = torch.sort(buf_key[rows, :cap], dim=1, descending=True)
             seen = span[rows].clamp(max=(r + 1) * cfg.round)
             rank = keep_rank(top_k, seen, span[rows]) if speculate else full_rank[rows]
-            at, not_below = _rank_key(ranked, rank, select_low)
+            at, not_below = _rank_key(ranked, rank, select_bits)
             exact = not_below >= top_k  # the rank-th key is also the k-th: keep top_k, later ones above it
             keep = torch.where(exact, top_k, not_below)
             kept = torch.arange(cap, dtype=torch.int64).unsqueeze(0) < keep.unsqueeze(1)

@@ -36,7 +36,7 @@ def kernel_and_model_work(kernel: CudaKernel, case: Case) -> tuple[dict[str, np.
     launch()
     torch.cuda.synchronize()
     record = launch.work(case.rows)
-    cpu = logits.cpu()
+    cpu = case.padded()  # the same layout on the host (`.cpu()` of a padded view is contiguous)
     assert cpu.stride() == logits.stride()
     _, work = MODELS[kernel.name](cpu, starts.cpu(), ends.cpu(), case.top_k)
     names = [f.name for f in fields(work)]
