@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 CLI = "import sys; from logitreplay.cli import main; sys.exit(main())"
-BUNDLED = ("native", "deepselect", "split")
+BUNDLED = ("native", "deepselect", "split", "auto")
 PEERS = ("flashinfer", "flashinfer-ragged", "flashinfer-ragged-cub", "flashinfer-paged", "flashinfer-paged-cub",
          "flashinfer-paged-shuffled", "flashinfer-topk", "flashinfer-topk-cub", "sglang-ragged-v2",
          "sglang-paged-v2", "sglang-paged-v2-shuffled", "sgl-fast-topk", "sgl-fast-topk-paged",
@@ -99,10 +99,11 @@ def run(args: argparse.Namespace) -> None:
             commands[suite] = replay(out, suite, [str(archive_path)], selectors, extra, left)
         else:
             commands[suite] = replay(out, suite, ["--suite", suite, "--scale", args.scale], selectors, extra, left)
-    path = out / f"{PREFIX}commands.json"
-    known = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**known, **commands}, indent=1))
-    (out / f"{PREFIX}versions.json").write_text(json.dumps(versions(), indent=1))
+        # after every suite, so that a run cut short keeps the commands of what it finished
+        path = out / f"{PREFIX}commands.json"
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        path.write_text(json.dumps({**known, **commands}, indent=1))
+        (out / f"{PREFIX}versions.json").write_text(json.dumps(versions(), indent=1))
 
 
 def versions() -> dict[str, str]:

@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
-# The DSA top-k peers on the GPU machine in one call: unpack the peers staged in .peers/ (by
-# shared/gpu/peer-kernels; kept in /tmp/peers between calls), install the zarr wheels from .whl/, build
-# the bundled kernels, run the peers' GPU tests, then bench/peers.py for the suites in $SUITES at $SCALE.
+# The DSA top-k peers on the GPU machine in one call: install the zarr wheels from .whl/, build the
+# bundled kernels, run the GPU tests named in $PLAIN_TESTS (before the peers are importable: the SGLang
+# capture tests bring their own SGLang tree), unpack the peers staged in .peers/ (by
+# shared/gpu/peer-kernels; kept in /tmp/peers between calls), run the peers' GPU tests, then
+# bench/peers.py for the suites in $SUITES at $SCALE.
 #   SUITES=probe,decode SCALE=full bash bench/peers_gpu.sh      (carry .peers and .whl)
-# Everything goes to /tmp/peers-out; $OUT gets PEERS.md, peers.log and peers.tgz (all of it).
+# Everything is written to $OUT as it is made (a call cut short keeps what it finished): the build and
+# test logs, JUnit files, and peers.py's JSON, commands, versions and PEERS.md.
 set -uo pipefail
-out=/tmp/peers-out
-rm -rf "$out"; mkdir -p "$out" "${OUT:=out/peers}"
-if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
-. /tmp/peers/env.sh
+out=${OUT:-out/peers}
+mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD PYTHONUNBUFFERED=1 LOGITREPLAY_CACHE=/tmp/lr-cache
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LOGITREPLAY_CACHE=/tmp/lr-cache
 cli="import sys; from logitreplay.cli import main; sys.exit(main())"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 t0=$(date +%s)
 python3 -c "$cli" build-kernels > "$out/build.log" 2>&1; tail -2 "$out/build.log"
 echo "build: $(( $(date +%s) - t0 )) s"
+if [ -n "${PLAIN_TESTS:-}" ]; then
+  # shellcheck disable=SC2086  # a list of test paths and options
+  python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --junitxml="$out/gpu-junit.xml" $PLAIN_TESTS 2>&1 \
+    | tee "$out/pytest-plain.log" | tail -25
+  echo "plain tests: $(( $(date +%s) - t0 )) s"
+fi
+if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
+. /tmp/peers/env.sh
+export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD
 if [ "${TESTS:-1}" != 0 ]; then
-  python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_gpu_peers.py 2>&1 | tee "$out/pytest-peers.log" | tail -25
-  echo "tests: $(( $(date +%s) - t0 )) s"
+  python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --junitxml="$out/gpu-peers-junit.xml" \
+    tests/gpu/test_gpu_peers.py 2>&1 | tee "$out/pytest-peers.log" | tail -25
+  echo "peer tests: $(( $(date +%s) - t0 )) s"
 fi
 python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \
   ${ROUNDS:+--rounds $ROUNDS} ${WARMUP:+--warmup $WARMUP} ${DEADLINE:+--deadline $DEADLINE} --md "$out/PEERS.md" 2>&1 | tee "$out/peers.log" | grep -v "^\s*$" | tail -40
 echo "total: $(( $(date +%s) - t0 )) s"
-cp "$out/PEERS.md" "$out/peers.log" "$OUT/" 2>/dev/null; tar -C "$out" -czf "$OUT/peers.tgz" .
