@@ -198,7 +198,7 @@ def test_sharded_rows_are_captured_on_every_rank_with_their_windows(tmp_path: Pa
     assert torch.equal(both[0], both[1])  # after the all-gather every rank holds the whole chunk's indices
     summaries = sorted(_summaries(out), key=lambda s: s["tensor_parallel"]["tp_rank"])
     assert [s["tensor_parallel"]["row_sharded_cases"] for s in summaries] == [1, 1]
-    shown = CliRunner().invoke(main, ["inspect", str(out)])
+    shown = CliRunner().invoke(main, ["inspect", "--wide", str(out)])  # the layer column, with the windows
     assert shown.exit_code == 0 and "tp0 rows 0:13" in shown.output and "tp1 rows 13:22" in shown.output
 
 
