@@ -3,7 +3,7 @@
 # bundled kernels, run the GPU tests named in $PLAIN_TESTS (before the peers are importable: the SGLang
 # capture tests bring their own SGLang tree), unpack the peers staged in .peers/ (by
 # shared/gpu/peer-kernels; kept in /tmp/peers between calls), run the peers' GPU tests, then
-# bench/peers.py for the suites in $SUITES at $SCALE.
+# bench/peers.py for the suites in $SUITES at $SCALE. $PLAIN_TESTS: test paths or node ids, one pytest each.
 #   SUITES=probe,decode SCALE=full bash bench/peers_gpu.sh      (carry .peers and .whl)
 # Everything is written to $OUT as it is made (a call cut short keeps what it finished): the build and
 # test logs, JUnit files, and peers.py's JSON, commands, versions and PEERS.md.
@@ -17,12 +17,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 t0=$(date +%s)
 python3 -c "$cli" build-kernels > "$out/build.log" 2>&1; tail -2 "$out/build.log"
 echo "build: $(( $(date +%s) - t0 )) s"
-if [ -n "${PLAIN_TESTS:-}" ]; then
-  # shellcheck disable=SC2086  # a list of test paths and options
-  python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --junitxml="$out/gpu-junit.xml" $PLAIN_TESTS 2>&1 \
-    | tee "$out/pytest-plain.log" | tail -25
-  echo "plain tests: $(( $(date +%s) - t0 )) s"
-fi
+# One pytest per item of $PLAIN_TESTS, each under `timeout` (a hung test costs only its own item, and
+# pytest's faulthandler prints every thread's stack after $STACKS_S s, so a hang shows where it is).
+n=0
+for item in ${PLAIN_TESTS:-}; do
+  n=$((n + 1))
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" \
+    -o faulthandler_timeout="${STACKS_S:-120}" --junitxml="$out/gpu-junit-$n.xml" "$item" > "$out/pytest-$n.log" 2>&1
+  rc=$?
+  echo "tests $n ($item): exit $rc after $(( $(date +%s) - t0 )) s; $(tail -1 "$out/pytest-$n.log")"
+done
 if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
 . /tmp/peers/env.sh
 export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD
