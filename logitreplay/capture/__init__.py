@@ -3,7 +3,9 @@
 `IndexerCapture` hooks a transformers model's indexers; `capture_hf` runs one end to end (`HFRun` says
 what to run); `CaptureWriter` stages matrices off the hot path and writes them to an archive; `Policy`
 says which calls are kept and `PolicyState` is its running state in one process. The vLLM plugin
-(`logitreplay.capture.vllm_plugin`, enabled by `LOGITREPLAY_CAPTURE_DIR`) is loaded by vLLM itself.
+(`logitreplay.capture.vllm_plugin`) and the SGLang plugin (`logitreplay.capture.sglang_plugin`, an
+`sglang.srt.plugins` entry point), both enabled by `LOGITREPLAY_CAPTURE_DIR`, are loaded by the engine itself
+in every process that runs the model.
 """
 
 from logitreplay.capture.hf import HFRun, capture_hf
