@@ -52,10 +52,15 @@ def sglang0523() -> Iterator[Any]:
 
 @pytest.fixture
 def fresh_sglang(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """TP rank 0 of 1 without DP attention, default switches, no recorded model; the capture is removed."""
+    """TP rank 0 of 1 without DP attention, default switches, no recorded model, no forward's KV pool
+    published (as in a fresh scheduler process: a test must not run on an earlier test's pool); the
+    capture is removed."""
+    from sglang.srt.model_executor.forward_context import set_token_to_kv_pool
+
     from logitreplay.capture import sglang_plugin, vllm_plugin
 
     publish(0, 1)
+    set_token_to_kv_pool(None)
     for name in ("SGLANG_DSA_FUSE_TOPK", "SGLANG_OPT_USE_TOPK_V2", "SGLANG_PLUGINS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv(vllm_plugin.ENV_MODEL, raising=False)

@@ -1,4 +1,5 @@
-"""`get_token_to_kv_pool()`: the KV pool of the forward running now (set by the model runner)."""
+"""`get_token_to_kv_pool()`: the KV pool of the forward running now (set by the model runner's forward and
+by the decode CUDA-graph runner around its warm-up and capture runs)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """The decode CUDA-graph runner: `capture` runs each batch size's forward eagerly in capture mode (warm-up),
 then captures it in a CUDA graph; `execute` replays the graph of the batch's size (on CPU it returns the
-captured run's output: there is no graph, and no Python of the layers runs either way)."""
+captured run's output: there is no graph, and no Python of the layers runs either way). The warm-up and
+capture runs call the model directly, not `ModelRunner.forward`, so `capture_one_shape` publishes the
+forward's KV pool itself, as SGLang's does with `forward_context(ForwardContext(attn_backend=...))`
+around them (the indexer reads the pool through `get_token_to_kv_pool()`)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from typing import Any
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_context import set_token_to_kv_pool
 from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
 
 
@@ -30,6 +34,7 @@ class DecodeCudaGraphRunner:
         batch = self.batches[size]
         model = self.model_runner.model
         ids, positions = batch.extras["input_ids"], batch.extras["positions"]
+        set_token_to_kv_pool(self.model_runner.token_to_kv_pool)
         for _ in range(2):  # warm-up runs, eager
             model.forward(ids, positions, batch)
         if torch.device(self.model_runner.device).type == "cuda":
