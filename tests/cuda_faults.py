@@ -2,9 +2,9 @@
 
 `sticky()` triggers a device-side assert on CUDA (an index past the end of a tensor): the CUDA context of
 its process is lost for good, as with an illegal memory access in a plugin's kernel. On CPU it raises the
-same error text in the first process that creates the file named by LR_TEST_LOSE_ONCE, and makes the
-engine there believe the context is then lost; it behaves like the reference elsewhere, so the fresh
-worker finishes the run.
+same error text in the first process that creates the file named by LR_TEST_LOSE_ONCE (in every process
+under LR_TEST_LOSE_ALWAYS, as the CUDA error is), and makes the engine there believe the context is then
+lost; it behaves like the reference elsewhere, so the fresh worker finishes the run.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Sticky(ReferenceSelector):
                 out[0, :1] = src[bad]  # index out of range: device-side assert, sticky
 
             return launch
-        if _first_here(os.environ.get("LR_TEST_LOSE_ONCE")):
+        if os.environ.get("LR_TEST_LOSE_ALWAYS") or _first_here(os.environ.get("LR_TEST_LOSE_ONCE")):
             cuda_errors.context_lost = lambda device: "RuntimeError: CUDA error: illegal address"
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return reference

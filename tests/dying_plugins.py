@@ -1,7 +1,11 @@
 """Selector plugins that take their whole process down, each the way foreign code does: `os._exit(0)`,
 a segfault (a read of address 0), SIGKILL (what the OOM killer sends); and one that exhausts the memory
 its process may have (an RLIMIT_AS set in its launch), which is only its own error. Each is the
-reference selection until its launch runs, so every other selector's results stay comparable."""
+reference selection until its launch runs, so every other selector's results stay comparable. Two end
+their process the way a dead CUDA context can: `lingers` is the reference selection with a thread that
+never ends (its process cannot exit by itself), and `unreapable` dies where nothing can reap it (it
+stops the fork server, its parent, then kills itself), as a process stuck in a driver's call looks to
+the one waiting for it."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import ctypes
 import os
 import resource
 import signal
+import threading
 
 import torch
 
@@ -28,6 +33,26 @@ class _Dying(ReferenceSelector):
     def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                 top_k: int, out: torch.Tensor) -> Launch:
         return self._end  # type: ignore[return-value]
+
+
+class _Lingers(ReferenceSelector):
+    name = "lingers"
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        threading.Thread(target=threading.Event().wait, name="never-ends").start()  # not a daemon
+        return super().prepare(logits, row_starts, row_ends, top_k, out)
+
+
+UNREAPABLE_PARENT = "LR_TEST_UNREAPABLE_PARENT"  # the file `unreapable` writes its parent's pid to
+
+
+def _unreapable() -> None:
+    parent = os.getppid()
+    with open(os.environ[UNREAPABLE_PARENT], "w") as f:
+        f.write(str(parent))
+    os.kill(parent, signal.SIGSTOP)  # the test sends SIGCONT
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _exhaust_memory() -> None:
@@ -56,3 +81,11 @@ def make_killed() -> _Dying:
 
 def make_out_of_memory() -> _Dying:
     return _Dying("out-of-memory", _exhaust_memory)
+
+
+def make_lingers() -> _Lingers:
+    return _Lingers()
+
+
+def make_unreapable() -> _Dying:
+    return _Dying("unreapable", _unreapable)

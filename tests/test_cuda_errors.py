@@ -72,3 +72,31 @@ def test_the_run_finishes_in_a_fresh_worker_and_strict_exits_1(tmp_path: Path, l
     assert statuses == [[("reference", "ok"), ("sticky", "error")]] + [[("reference", "ok"), ("sticky", "ok")]] * 2
     assert any(n.startswith("sticky on case c0: CUDA context lost") and
                n.endswith("a fresh worker continued the run from there") for n in report["notes"])
+
+
+@pytest.mark.timeout(180)  # before the fix the culprit's worker was started again on case 0 for ever
+@pytest.mark.parametrize("isolate", [["--isolate"], []])
+def test_a_selector_that_loses_the_context_on_every_case_costs_one_worker_per_case(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolate: list[str]) -> None:
+    """Its error is the last result its case needed (alone in an isolated worker, or the only selector):
+    the next worker starts on the next case, never on the same one again."""
+    monkeypatch.setenv("LR_TEST_LOSE_ALWAYS", "1")
+    monkeypatch.setattr(cuda_errors, "context_lost", cuda_errors.context_lost)
+    path = tmp_path / "a.zarr"
+    archive = Archive.create(path)
+    for i in range(2):
+        archive.write(_case(i))
+    selectors = ["--selectors", "reference"] if isolate else ["--selectors", ""]
+    res = CliRunner().invoke(main, ["replay", str(path), *selectors, "--selector", "tests.cuda_faults:sticky",
+                                    *isolate, "--rounds", "1", "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    import json
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    for case in report["cases"]:
+        sticky = case["results"][-1]
+        assert sticky["selector"] == "sticky" and sticky["status"] == "error", case
+        assert sticky["reason"].startswith("CUDA context lost: "), sticky
+        assert [r["status"] for r in case["results"][:-1]] == (["ok"] if isolate else []), case
+    lost = [n for n in report["notes"] if n.startswith("sticky on case")]
+    assert [n.split(":")[0] for n in lost] == ["sticky on case c0", "sticky on case c1"], report["notes"]

@@ -2,11 +2,15 @@
 (os._exit(0), a segfault, SIGKILL as from the OOM killer) ends its own result on that case with a
 one-line reason, every other selector and case still verifies and times in a fresh worker, the report
 is written, and --strict exits 1. Exhausting memory is the selector's own error; a schema check that
-cannot run says so and the report is still written."""
+cannot run says so and the report is still written. A worker whose exit never comes once its results are
+in is killed, and one that cannot be reaped even then stops the run with that error instead of a wait
+without end; no case restarts workers without end."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,9 @@ from click.testing import CliRunner, Result
 
 from logitreplay.archive import Archive
 from logitreplay.cli import main
-from logitreplay.replay import results
+from logitreplay.replay import isolate, results
+from logitreplay.replay.results import CaseResult, SelectorResult
+from tests.dying_plugins import UNREAPABLE_PARENT
 from tests.plugins import plugin_case
 
 DYING = "tests.dying_plugins"
@@ -77,3 +83,49 @@ def test_a_schema_check_that_cannot_run_still_writes_the_report(archive: str, tm
     assert [c["results"][0]["status"] for c in cases] == ["ok", "ok"]
     assert ("note: the report's schema check could not run (OSError: report.schema.json: unreadable); "
             "written unchecked") in res.output
+
+
+@pytest.mark.timeout(120)  # a worker's exit used to be awaited for 600 s
+def test_a_worker_that_never_exits_after_its_last_result_is_killed(archive: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(isolate, "EXIT_S", 1.0)
+    res, cases = _replay(archive, tmp_path / "r.json", "--selector", f"{DYING}:make_lingers", "--strict")
+    assert res.exit_code == 0, res.output
+    assert [[r["status"] for r in c["results"]] for c in cases] == [["ok", "ok"]] * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_cannot_be_reaped_stops_the_run_with_one_line(archive: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(isolate, "EXIT_S", 1.0)
+    monkeypatch.setattr(isolate, "KILL_S", 1.0)
+    parent = tmp_path / "parent"
+    monkeypatch.setenv(UNREAPABLE_PARENT, str(parent))
+    try:
+        res = CliRunner().invoke(main, ["replay", archive, "--selectors", "", "--selector",
+                                        f"{DYING}:make_unreapable", "--rounds", "1"])
+    finally:  # the fork server the worker stopped reaps it and serves the next test
+        if parent.exists():
+            os.kill(int(parent.read_text()), signal.SIGCONT)
+    assert res.exit_code == 1 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "did not end within 1 s of SIGKILL: it is stuck in the kernel" in res.output, res.output
+
+
+def test_a_second_end_between_steps_on_one_case_ends_its_unknown_results() -> None:
+    """A worker that ends between two selectors' steps settles nothing: a fresh one tries the case again,
+    and when it ends there too, the results not yet known are that error and the run goes on after it."""
+    job = isolate.Job(("reference", "x"), ("reference", "x"), [], None, "small", "cpu", {}, 1e30, None, start=3,
+                      known=("reference",))
+    headers = {3: CaseResult("c3", 6, 64, 8, "float32", 64, "test", 0)}
+    parts = {3: {"reference": SelectorResult("reference", "ok")}}
+    end = isolate._End(3, True, None, "worker died: SIGKILL (out of memory?)")
+    stalled: set[int] = set()
+    notes: list[str] = []
+    assert isolate._after(job, end, headers, parts, stalled, notes) == job and not notes
+    following = isolate._after(job, end, headers, parts, stalled, notes)
+    assert (following.start, following.known, following.one_by_one) == (4, (), False)
+    assert parts[3]["reference"].status == "ok"
+    assert (parts[3]["x"].status, parts[3]["x"].reason) == (
+        "error", "worker died: SIGKILL (out of memory?) (twice, between steps)")
+    assert notes == ["case c3: two workers ended there between steps (worker died: SIGKILL (out of memory?)); "
+                     "the run went on after it"]

@@ -12,7 +12,15 @@ ends that selector's result on that case with the reason ("worker died: SIGSEGV"
 (worker killed)"); a step of several is run again in a fresh worker one selector at a time, which finds
 the one; a worker that reports a lost CUDA context (cuda_errors.py) has sent its culprit's result
 itself; a death while reading a case makes that case invalid. A fresh worker then continues from that
-case with the selectors whose result there is not yet known.
+case with the selectors whose result there is not yet known. Every fresh worker so starts further on
+(a later case, or more results known on its case, or its selectors one at a time), and a worker that
+ends twice on one case with nothing new settled (outside any selector's step) ends the unknown results
+there: no case can restart workers without end.
+
+A worker that has sent its last message is given EXIT_S to end and is then killed, so a thread or an
+exit handler that never returns (one left waiting on a lost CUDA context) cannot hold the run; a killed
+worker that still does not end within KILL_S is stuck in the kernel, as in a device driver's call that
+cannot be interrupted, and the run stops with that error instead of waiting on it for ever.
 
 Workers are forked from multiprocessing's fork server, which imports torch and the engine once per run
 (started when the run starts, so that its imports overlap the parent's set-up) and never starts CUDA or
@@ -42,6 +50,10 @@ from logitreplay.replay.results import CaseResult, SelectorResult
 # Seconds a worker may take to start (the fork server's first import of torch) and to read its next
 # case: a `--timeout` counts only the selectors' own time on a case, from `step` to `result`.
 STARTUP_S = 600.0
+# Seconds a worker that sent its last message, or whose pipe closed, may take to end by itself.
+EXIT_S = 10.0
+# Seconds a worker may take to end once killed (SIGKILL); past them it is stuck in the kernel.
+KILL_S = 60.0
 # What the fork server imports once, so that no worker imports it again.
 PRELOAD = ["torch", "logitreplay.archive", "logitreplay.replay.engine", "logitreplay.replay.sources",
            "logitreplay.selectors.registry", "logitreplay.selectors.bundled"]
@@ -91,7 +103,9 @@ def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -
     """Every case of `job` from its start as (case index, result of the job's selectors), each once all
     of them are known; a worker that ends early is replaced as the module docstring says, with a note."""
     headers: dict[int, CaseResult] = {}
-    parts: dict[int, dict[str, SelectorResult]] = {}
+    parts: dict[int, dict[str, SelectorResult]] = {}  # every result on each case so far, from every worker
+    done: set[int] = set()  # the cases yielded
+    stalled: set[int] = set()  # the cases where a worker ended with nothing new settled
     job = replace(job, context=job.context or _context())
     while job.start < total:
         worker = _run_worker(job, timeout_s)
@@ -105,17 +119,21 @@ def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -
             if kind == "result":
                 parts.setdefault(index, {}).update({r.selector: r for r in case.results})
                 if case.invalid or set(job.names) <= set(parts[index]):
-                    yield index, _whole(case, parts.pop(index), job.names)
+                    done.add(index)
+                    yield index, _whole(case, parts[index], job.names)
         if end is None:
             return
-        job = _after(job, end, headers, parts, notes)
-        if end.index in headers and (headers[end.index].invalid or set(job.names) <= set(parts.get(end.index, {}))):
-            yield end.index, _whole(headers[end.index], parts.pop(end.index, {}), job.names)
+        job = _after(job, end, headers, parts, stalled, notes)
+        i = end.index
+        if i not in done and i in headers and (headers[i].invalid or set(job.names) <= set(parts.get(i, {}))):
+            done.add(i)
+            yield i, _whole(headers[i], parts.get(i, {}), job.names)
 
 
 def _after(job: Job, end: _End, headers: dict[int, CaseResult], parts: dict[int, dict[str, SelectorResult]],
-           notes: list[str]) -> Job:
-    """The job of the next worker after `end`, recording the result it settles."""
+           stalled: set[int], notes: list[str]) -> Job:
+    """The job of the next worker after `end`, recording the result it settles; never `job` itself twice
+    in a row for one case (`stalled`: the cases where that happened once)."""
     i = end.index
     if not end.started or i not in headers:  # it died reading the case: unusable, the run goes on after it
         headers[i] = CaseResult(f"#{i}", 0, 0, 0, "-", 0, "unreadable", 0,
@@ -135,6 +153,15 @@ def _after(job: Job, end: _End, headers: dict[int, CaseResult], parts: dict[int,
         notes.append(f"{culprit} on case {headers[i].case_id}: {end.reason}; a fresh worker continued the run "
                      "from there")
     known = tuple(n for n in job.names if n in have)
+    if len(known) < len(job.names) and (i, known, one_by_one) == (job.start, job.known, job.one_by_one):
+        if i not in stalled:  # it died between steps, of no selector's doing: one fresh worker tries again
+            stalled.add(i)
+            return job
+        for name in job.names:
+            have.setdefault(name, SelectorResult(name, "error", f"{end.reason} (twice, between steps)"))
+        notes.append(f"case {headers[i].case_id}: two workers ended there between steps ({end.reason}); the "
+                     "run went on after it")
+        known = job.names
     if len(known) == len(job.names):
         return replace(job, start=i + 1, known=(), one_by_one=False)
     return replace(job, start=i, known=known, one_by_one=one_by_one)
@@ -199,7 +226,7 @@ def _run_worker(job: Job, timeout_s: float | None) -> Generator[tuple[str, int, 
             except EOFError:
                 message = None
             if message is None:  # it ended without saying it was done
-                proc.join()
+                _end(proc, EXIT_S)
                 why = f"worker died: {_death(proc.exitcode, log.name)}"
                 if not ready:
                     raise ReplayError(f"a worker for {', '.join(job.names)} failed before its first case: {why}")
@@ -220,22 +247,33 @@ def _run_worker(job: Job, timeout_s: float | None) -> Generator[tuple[str, int, 
                     yield "result", message[1], message[2]
                 return _End(index, started, step, message[3], lost=True, culprit=message[4])
             elif kind == "done":
-                proc.join(STARTUP_S)
+                _end(proc, EXIT_S)
                 return None
     finally:  # also on Ctrl-C in the parent: no worker outlives the run
-        _kill(proc)
         reader.close()
         with contextlib.suppress(OSError):
             os.unlink(log.name)
+        _kill(proc)
+
+
+def _end(proc: multiprocessing.process.BaseProcess, grace_s: float) -> None:
+    """Let `proc` end by itself within `grace_s`, else kill it (`_kill`)."""
+    proc.join(grace_s)
+    _kill(proc)
 
 
 def _kill(proc: multiprocessing.process.BaseProcess) -> None:
+    """SIGKILL `proc` and its process group unless it has ended; raises a `ReplayError` when it has not
+    ended within KILL_S even so (stuck in the kernel: waiting longer could be for ever)."""
     if proc.pid is not None and proc.exitcode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # the worker leads its own process group
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
-    proc.join()
+    proc.join(KILL_S)
+    if proc.exitcode is None:
+        raise ReplayError(f"worker process {proc.pid} did not end within {KILL_S:g} s of SIGKILL: it is stuck in "
+                          "the kernel, usually in a device driver's call (the GPU may need a reset)")
 
 
 def _death(code: int | None, log: str) -> str:
