@@ -1,6 +1,6 @@
 """Every DSA top-k kernel a Hopper user chooses between, side by side: the peers' adapters (FlashInfer,
-SGLang v2, sgl-kernel, upstream DeepSelect where it is installed) and the bundled selectors, one replay
-per suite, and bench/PEERS.md rendered from the JSON those replays write.
+SGLang v2, sgl-kernel, cuDNN's indexer top-k and upstream DeepSelect where they are installed) and the
+bundled selectors, one replay per suite, and bench/PEERS.md rendered from the JSON those replays write.
 
 Besides the synth suites it replays `probe`: rows built to find the capacity of sgl-kernel's candidate
 buffer. Its fast top-k bins every value by the top 8 bits of its float16 key, sends the bins above the
@@ -32,7 +32,7 @@ BUNDLED = ("native", "deepselect", "split", "auto")
 PEERS = ("flashinfer", "flashinfer-ragged", "flashinfer-ragged-cub", "flashinfer-paged", "flashinfer-paged-cub",
          "flashinfer-paged-shuffled", "flashinfer-topk", "flashinfer-topk-cub", "sglang-ragged-v2",
          "sglang-paged-v2", "sglang-paged-v2-shuffled", "sgl-fast-topk", "sgl-fast-topk-paged",
-         "sgl-fast-topk-paged-shuffled", "sgl-fast-topk-ragged", "deepselect-upstream")
+         "sgl-fast-topk-paged-shuffled", "sgl-fast-topk-ragged", "cudnn-indexer-topk", "deepselect-upstream")
 PROBE_COUNTS = (2049, 4000, 4096, 4097, 4200, 6000, 8192, 16384)
 PROBE_COLS = 32768
 PREFIX = "peers-"
@@ -111,7 +111,7 @@ def versions() -> dict[str, str]:
     import importlib
 
     found = {"date": datetime.date.today().isoformat()}
-    for module in ("flashinfer", "sgl_kernel", "sglang", "deep_select", "tvm_ffi"):
+    for module in ("flashinfer", "sgl_kernel", "sglang", "cudnn", "cutlass", "deep_select", "tvm_ffi"):
         try:
             found[module] = str(getattr(importlib.import_module(module), "__version__", "?"))
         except Exception as e:  # not staged here: say so in the report

@@ -6,7 +6,8 @@
 # bench/peers.py for the suites in $SUITES at $SCALE. $PLAIN_TESTS: test paths or node ids, one pytest each.
 #   SUITES=probe,decode SCALE=full bash bench/peers_gpu.sh      (carry .peers and .whl)
 # Everything is written to $OUT as it is made (a call cut short keeps what it finished): the build and
-# test logs, JUnit files, and peers.py's JSON, commands, versions and PEERS.md.
+# test logs, JUnit files, and peers.py's JSON, commands, versions and PEERS.md. cuDNN's indexer top-k is
+# too large to travel with .peers: bench/stage_cudnn.sh's calls put it in /tmp/cudnn first, read here.
 set -uo pipefail
 out=${OUT:-out/peers}
 mkdir -p "$out"
@@ -29,6 +30,8 @@ for item in ${PLAIN_TESTS:-}; do
 done
 if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
 . /tmp/peers/env.sh
+# cuDNN's indexer top-k, where the calls just before unpacked bench/stage_cudnn.sh's parts into /tmp/cudnn
+if [ -f /tmp/cudnn/env.sh ]; then . /tmp/cudnn/env.sh; else echo "cudnn: not unpacked in /tmp/cudnn (bench/stage_cudnn.sh)"; fi
 export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD
 if [ "${TESTS:-1}" != 0 ]; then
   python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --junitxml="$out/gpu-peers-junit.xml" \

@@ -1,7 +1,9 @@
 """The peers' adapters against stand-ins of FlashInfer, SGLang v2 and sgl-kernel (tests/peer_standins.py):
 each calls its entry point with the arguments production passes, maps the fused outputs back through
 the page table or offsets it built, passes checks 1-4 and 6 (SGLang's ragged v2 writes its own copy,
-never the replay's logits), and declines what the real kernel cannot do with a reason."""
+never the replay's logits), and declines what the real kernel cannot do with a reason. cuDNN's indexer
+top-k has no stand-in: here only what holds without it (its registration, its declines, its layout
+rules); tests/gpu/test_gpu_peers.py runs the real package."""
 
 from __future__ import annotations
 
@@ -18,14 +20,14 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.replay.verify import Inputs, OutputBuffer, check_output, expected_values
-from logitreplay.selectors import layouts, upstream
+from logitreplay.selectors import cudnn, layouts, upstream
 from logitreplay.selectors.base import prepare_for
 from logitreplay.selectors.external import EXTERNAL
-from logitreplay.selectors.registry import build, needs_own_process
+from logitreplay.selectors.registry import FAMILIES, available, build, needs_own_process
 from tests import peer_standins
 
 CUDA = torch.device("cuda")
-PEERS = sorted(n for n in EXTERNAL if n != "deepselect-upstream")
+PEERS = sorted(n for n in EXTERNAL if n not in ("deepselect-upstream", cudnn.CudnnIndexerTopK.name))
 MODULES = ("flashinfer", "sglang", "sgl_kernel")
 
 
@@ -214,3 +216,71 @@ def test_the_probe_puts_exactly_c_candidates_in_the_kth_values_coarse_bin() -> N
             assert int((_coarse_bin(row) == _coarse_bin(np.array([kth]))[0]).sum()) == count
             if count <= 4097:  # distinct across the buffer's limit: a dropped candidate changes the answer
                 assert len(np.unique(row[row > 0])) == count
+
+
+CUDNN = cudnn.CudnnIndexerTopK.name
+
+
+def test_cudnn_indexer_topk_is_registered_and_says_what_it_lacks() -> None:
+    assert available()[CUDNN] == "logitreplay.selectors.cudnn:CudnnIndexerTopK"
+    assert FAMILIES[CUDNN] == "cudnn"
+    sel = build(CUDNN)
+    assert sel.supports(_case(), torch.device("cpu")) == "an upstream CUDA kernel: needs a CUDA device"
+    if importlib.util.find_spec("cudnn") is None:
+        assert sel.supports(_case(), CUDA) == "not installed (pip install nvidia-cudnn-frontend[cutedsl])"
+    assert build(f"{CUDNN}@/no/such/folder").supports(_case(), CUDA) == \
+        "no folder /no/such/folder to import cudnn.deepseek_sparse_attention.indexer_top_k from"
+
+
+@pytest.mark.parametrize(("case", "capability", "reason"), [
+    (_case(), (8, 9), "IndexerTopK requires SM90+ (check_support); this GPU is sm_89"),
+    (_case(k=4096), (9, 0), "top_k 4096: IndexerTopK takes 0 < k <= 2048"),
+    (_case(starts=True), (9, 0), "takes row lengths only (its row_start is 0): rows starting past column 0"),
+    (_case(stride=4096 + 64), (9, 0), "row stride 4160 > 4096 columns: IndexerTopK takes contiguous rows only"),
+    (_case(rows=0), (9, 0), "no rows or no columns"),
+])
+def test_cudnn_indexer_topk_declines_what_the_kernel_does_not_take(case: Case, capability: tuple[int, int],
+                                                                   reason: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert reason in (build(CUDNN).limits(case, CUDA) or "")
+
+
+@pytest.mark.parametrize("case", [_case(), _case(dtype=torch.bfloat16), _case(rows=1, stride=4096 + 64),
+                                  _case(k=1, cols=100), _case(rows=3, cols=1000, k=2048)])
+def test_cudnn_indexer_topk_takes_contiguous_rows_from_column_0(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert build(CUDNN).limits(case, CUDA) is None  # one row has no stride to speak of; k may exceed the width
+
+
+def _empty_rows(rows: int, cols: int, dtype: torch.dtype = torch.float32) -> Case:
+    return Case.from_rows("wide", torch.zeros(0, dtype=dtype), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
+                          top_k=8, cols=cols)
+
+
+def test_cudnn_scratch_is_sized_and_bounded_as_upstream_sizes_it() -> None:
+    assert cudnn.scratch_bytes(_case(rows=4, cols=4096)) == 4 * 2 * 4096 * 4  # two int32 words per float32
+    assert cudnn.scratch_bytes(_case(rows=3, cols=1001, dtype=torch.bfloat16)) == 12032  # 3003 words, 128 B up
+    # launch_topk_kernel splits rows so the int32 scratch index fits, 8 float32 rows a step at least
+    assert cudnn.scratch_chunk_limit(_empty_rows(9, 1 << 27)) is None
+    assert "one aligned chunk of 8 rows overflows" in (cudnn.scratch_chunk_limit(_empty_rows(9, (1 << 27) + 1)) or "")
+    assert cudnn.scratch_chunk_limit(_empty_rows(1, (1 << 27) + 1)) is None  # fits one launch unsplit
+    assert "of 16 rows" in (cudnn.scratch_chunk_limit(_empty_rows(20, (1 << 27) + 1, torch.bfloat16)) or "")
+
+
+def test_cutlass_dsl_packages_go_on_the_path_as_its_pth_line_puts_them(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    if importlib.util.find_spec("cutlass") is not None or importlib.util.find_spec("nvidia_cutlass_dsl") is not None:
+        pytest.skip("nvidia-cutlass-dsl is installed here")
+    dsl = tmp_path / "nvidia_cutlass_dsl" / "dsl_packages"
+    (dsl / "cutlass").mkdir(parents=True)
+    (dsl / "cutlass" / "__init__.py").write_text("")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    cudnn.cutlass_on_path(str(tmp_path))  # NAME@DIR: the folder pip installed into
+    assert sys.path[0] == str(dsl)
+    sys.path.remove(str(dsl))
+    importlib.invalidate_caches()
+    sys.path.insert(0, str(tmp_path))  # PYTHONPATH=DIR: found through the namespace package
+    cudnn.cutlass_on_path()
+    spec = importlib.util.find_spec("cutlass")
+    assert spec is not None and spec.origin == str(dsl / "cutlass" / "__init__.py")

@@ -1,8 +1,9 @@
 """The registry of upstream adapters beyond vLLM's (vllm.py): FlashInfer (flashinfer.py), SGLang and
-sgl-kernel (sglang.py), and DeepSeek's DeepSelect here. All share one base (upstream.py); each maps our
-semantics (indices relative to the row start, int32, -1 tails, a possibly strided output view, bounds
-read on the device) onto the upstream call as production makes it, or says in `supports` what it
-cannot do. Whether an upstream kernel really honours the contract is not assumed: verification checks it.
+sgl-kernel (sglang.py), cuDNN frontend's indexer top-k (cudnn.py), and DeepSeek's DeepSelect here. All
+share one base (upstream.py); each maps our semantics (indices relative to the row start, int32, -1
+tails, a possibly strided output view, bounds read on the device) onto the upstream call as production
+makes it, or says in `supports` what it cannot do. Whether an upstream kernel really honours the
+contract is not assumed: verification checks it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from logitreplay.archive import ELEMENT_BYTES, Case
 from logitreplay.selectors.base import Launch
+from logitreplay.selectors.cudnn import CUDNN
 from logitreplay.selectors.flashinfer import FLASHINFER
 from logitreplay.selectors.sglang import SGLANG
 from logitreplay.selectors.upstream import Upstream, import_package, starts_at_zero
@@ -24,6 +26,7 @@ EXTERNAL: dict[str, str] = {
     "deepselect-upstream": "logitreplay.selectors.external:DeepSelectUpstream",
     **FLASHINFER,
     **SGLANG,
+    **CUDNN,
 }
 
 

@@ -1,7 +1,8 @@
-"""The DSA top-k peers (FlashInfer, SGLang v2, sgl-kernel, upstream DeepSelect), run for real where they
-are staged (bench/peers_gpu.sh puts them on the path): each verifies (checks 1-7, the graph replay
-included) on every case it accepts and declines the rest with a reason, never an error; sgl-kernel's
-fast top-k drops candidates once one coarse bin holds more than its buffer, which is that peer's result."""
+"""The DSA top-k peers (FlashInfer, SGLang v2, sgl-kernel, cuDNN's indexer top-k, upstream DeepSelect), run
+for real where they are staged (bench/peers_gpu.sh puts them on the path; bench/stage_cudnn.sh stages
+cuDNN's): each verifies (checks 1-7, the graph replay included) on every case it accepts and declines
+the rest with a reason, never an error; sgl-kernel's fast top-k drops candidates once one coarse bin
+holds more than its buffer, which is that peer's result."""
 
 from __future__ import annotations
 
@@ -80,3 +81,35 @@ def test_sgl_fast_topk_is_exact_until_one_bin_outgrows_its_candidate_buffer() ->
         [res] = replay_case(_one_bin(count), [build("sgl-fast-topk")], DEVICE, QUICK).results
         status[count] = res.status
     assert status == {4096: "ok", 8192: "failed"}, status
+
+
+def _short_rows(rows: int, cols: int, k: int) -> Case:
+    """Every row at most `cols` < k long: IndexerTopK's trivial path (indices 0.. then -1)."""
+    rng = np.random.default_rng(cols)
+    ends = rng.integers(0, cols + 1, rows).astype(np.int32)
+    values = rng.standard_normal(int(ends.sum())).astype(np.float32)
+    return Case.from_rows(f"short-{rows}x{cols}-k{k}", values, np.zeros(rows, np.int32), ends, top_k=k, cols=cols,
+                          attrs={"source": "test"})
+
+
+# The shapes IndexerTopK's build branches on (indexer_top_k_decode_varlen.py, indexer_top_k_varlen_util.py):
+# float32's two radix passes or 16-bit keys' one, more than 148 rows (its large-occupancy build), more
+# than 65536 columns (32-bit candidate indices), a width that is no power of two (the build rounds it
+# up; the rows' lengths bound the reads), k below and at its limit, rows no longer than k.
+CUDNN_CASES = [
+    _case("decode-160x66000-k2048", 160, 66000, 2048, seed=6),
+    _case("decode-bf16-16x8191-k100", 16, 8191, 100, dtype=torch.bfloat16, seed=7),
+    _case("decode-4x5000-k1", 4, 5000, 1, seed=8),
+    _short_rows(6, 1000, 2048),
+]
+
+
+def test_cudnn_indexer_topk_verifies_on_the_shapes_its_build_branches_on() -> None:
+    if not _staged("cudnn-indexer-topk"):
+        pytest.skip("nvidia-cudnn-frontend is not staged here")
+    seen = []
+    for case in CUDNN_CASES:
+        [res] = replay_case(case, [build("cudnn-indexer-topk")], DEVICE, QUICK,
+                            extra_checks=device_checks(DEVICE)).results
+        seen.append((case.case_id, res.status, res.reason))
+    assert all(status == "ok" for _, status, _ in seen), seen
