@@ -411,7 +411,7 @@ def decisions(root: Path) -> str:
 
 @claim("deepselect-bets")
 def deepselect_bets(root: Path) -> str:
-    return record_table(root, "cpu-2026-12-02/deepselect-bets.md")
+    return record_table(root, "cpu-2026-12-03/deepselect-bets.md")
 
 
 @claim("codecs")
