@@ -3,9 +3,9 @@ a segfault (a read of address 0), SIGKILL (what the OOM killer sends); and one t
 its process may have (an RLIMIT_AS set in its launch), which is only its own error. Each is the
 reference selection until its launch runs, so every other selector's results stay comparable. Two end
 their process the way a dead CUDA context can: `lingers` is the reference selection with a thread that
-never ends (its process cannot exit by itself), and `unreapable` dies where nothing can reap it (it
-stops the fork server, its parent, then kills itself), as a process stuck in a driver's call looks to
-the one waiting for it."""
+never ends (its process cannot exit by itself), and `unreapable` dies where nothing can reap it for a
+while (it stops the fork server, its parent, then kills itself), as a process stuck in a driver's call
+looks to the one waiting for it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import ctypes
 import os
 import resource
 import signal
+import subprocess
 import threading
 
 import torch
@@ -47,11 +48,17 @@ class _Lingers(ReferenceSelector):
 UNREAPABLE_PARENT = "LR_TEST_UNREAPABLE_PARENT"  # the file `unreapable` writes its parent's pid to
 
 
+UNREAPABLE_FOR_S = 1.5  # how long the fork server stays stopped: longer than the test's EXIT_S + KILL_S
+
+
 def _unreapable() -> None:
     parent = os.getppid()
     with open(os.environ[UNREAPABLE_PARENT], "w") as f:
         f.write(str(parent))
-    os.kill(parent, signal.SIGSTOP)  # the test sends SIGCONT
+    # Resumed later by a process of its own, so that the run's next worker can be forked (the test also
+    # resumes it when the run ends, should this one not have).
+    subprocess.Popen(["sh", "-c", f"sleep {UNREAPABLE_FOR_S}; kill -CONT {parent}"], start_new_session=True)
+    os.kill(parent, signal.SIGSTOP)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -18,9 +18,10 @@ ends twice on one case with nothing new settled (outside any selector's step) en
 there: no case can restart workers without end.
 
 A worker that has sent its last message is given EXIT_S to end and is then killed, so a thread or an
-exit handler that never returns (one left waiting on a lost CUDA context) cannot hold the run; a killed
-worker that still does not end within KILL_S is stuck in the kernel, as in a device driver's call that
-cannot be interrupted, and the run stops with that error instead of waiting on it for ever.
+exit handler that never returns (one left waiting on a lost CUDA context) cannot hold the run. A killed
+worker that still does not end within KILL_S is stuck in an uninterruptible system call (a device
+driver's, say): it is left behind, with a note or in its selector's reason, and the run goes on in a
+fresh worker, so the report is still written and the run still ends.
 
 Workers are forked from multiprocessing's fork server, which imports torch and the engine once per run
 (started when the run starts, so that its imports overlap the parent's set-up) and never starts CUDA or
@@ -52,8 +53,11 @@ from logitreplay.replay.results import CaseResult, SelectorResult
 STARTUP_S = 600.0
 # Seconds a worker that sent its last message, or whose pipe closed, may take to end by itself.
 EXIT_S = 10.0
-# Seconds a worker may take to end once killed (SIGKILL); past them it is stuck in the kernel.
+# Seconds a worker may take to end once killed (SIGKILL); past them it is stuck in a system call.
 KILL_S = 60.0
+# The processes multiprocessing's exit handler joins, without a timeout, when the interpreter ends (its own
+# module-level set: no public call drops a process that cannot end).
+_CHILDREN: set[Any] = multiprocessing.process._children  # type: ignore[attr-defined]
 # What the fork server imports once, so that no worker imports it again.
 PRELOAD = ["torch", "logitreplay.archive", "logitreplay.replay.engine", "logitreplay.replay.sources",
            "logitreplay.selectors.registry", "logitreplay.selectors.bundled"]
@@ -108,7 +112,7 @@ def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -
     stalled: set[int] = set()  # the cases where a worker ended with nothing new settled
     job = replace(job, context=job.context or _context())
     while job.start < total:
-        worker = _run_worker(job, timeout_s)
+        worker = _run_worker(job, timeout_s, notes)
         while True:
             try:
                 kind, index, case = next(worker)
@@ -118,23 +122,25 @@ def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -
             headers.setdefault(index, replace(case, results=[]))
             if kind == "result":
                 parts.setdefault(index, {}).update({r.selector: r for r in case.results})
-                if case.invalid or set(job.names) <= set(parts[index]):
+                if index not in done and (case.invalid or set(job.names) <= set(parts[index])):
                     done.add(index)
                     yield index, _whole(case, parts[index], job.names)
         if end is None:
             return
-        job = _after(job, end, headers, parts, stalled, notes)
+        job = _after(job, end, total, headers, parts, stalled, notes)
         i = end.index
         if i not in done and i in headers and (headers[i].invalid or set(job.names) <= set(parts.get(i, {}))):
             done.add(i)
             yield i, _whole(headers[i], parts.get(i, {}), job.names)
 
 
-def _after(job: Job, end: _End, headers: dict[int, CaseResult], parts: dict[int, dict[str, SelectorResult]],
-           stalled: set[int], notes: list[str]) -> Job:
+def _after(job: Job, end: _End, total: int, headers: dict[int, CaseResult],
+           parts: dict[int, dict[str, SelectorResult]], stalled: set[int], notes: list[str]) -> Job:
     """The job of the next worker after `end`, recording the result it settles; never `job` itself twice
     in a row for one case (`stalled`: the cases where that happened once)."""
     i = end.index
+    if i >= total:  # it ended after its last result, before saying it was done: nothing is left to run
+        return replace(job, start=i, known=(), one_by_one=False)
     if not end.started or i not in headers:  # it died reading the case: unusable, the run goes on after it
         headers[i] = CaseResult(f"#{i}", 0, 0, 0, "-", 0, "unreadable", 0,
                                 invalid=f"the worker died while reading this case: {end.reason}")
@@ -200,9 +206,10 @@ def _context() -> dict[str, Any]:
             "threads": torch.get_num_threads()}
 
 
-def _run_worker(job: Job, timeout_s: float | None) -> Generator[tuple[str, int, CaseResult], None, _End | None]:
+def _run_worker(job: Job, timeout_s: float | None,
+                notes: list[str]) -> Generator[tuple[str, int, CaseResult], None, _End | None]:
     """One worker over `job`: yields ("case" | "result", index, CaseResult) as they come; returns None
-    when it replayed every case, else how it ended."""
+    when it replayed every case (noting a worker left behind), else how it ended."""
     start_server()
     ctx = multiprocessing.get_context("forkserver")
     with tempfile.NamedTemporaryFile(prefix="logitreplay-worker-", suffix=".log", delete=False) as log:
@@ -216,18 +223,21 @@ def _run_worker(job: Job, timeout_s: float | None) -> Generator[tuple[str, int, 
         while True:
             limit = (timeout_s if step is not None else STARTUP_S)
             if not wait([reader, proc.sentinel], limit):
-                _kill(proc)
+                left = _kill(proc)
                 if step is None:
                     raise ReplayError(f"a worker for {', '.join(job.names)} did not start or read case {index} "
-                                      f"within {STARTUP_S:g} s")
-                return _End(index, started, step, f"timed out after {timeout_s:g} s (worker killed)")
+                                      f"within {STARTUP_S:g} s{left}")
+                return _End(index, started, step, f"timed out after {timeout_s:g} s (worker killed){left}")
             try:
                 message = reader.recv() if reader.poll() else None
             except EOFError:
                 message = None
             if message is None:  # it ended without saying it was done
-                _end(proc, EXIT_S)
-                why = f"worker died: {_death(proc.exitcode, log.name)}"
+                proc.join(EXIT_S)
+                lingered = proc.exitcode is None
+                left = _kill(proc)
+                why = (f"worker closed its pipe but did not exit within {EXIT_S:g} s (killed){left}" if lingered
+                       else f"worker died: {_death(proc.exitcode, log.name)}")
                 if not ready:
                     raise ReplayError(f"a worker for {', '.join(job.names)} failed before its first case: {why}")
                 return _End(index, started, step, why)
@@ -247,33 +257,35 @@ def _run_worker(job: Job, timeout_s: float | None) -> Generator[tuple[str, int, 
                     yield "result", message[1], message[2]
                 return _End(index, started, step, message[3], lost=True, culprit=message[4])
             elif kind == "done":
-                _end(proc, EXIT_S)
+                proc.join(EXIT_S)
+                left = _kill(proc)
+                if left:
+                    notes.append(f"a worker for {', '.join(job.names)} did not end after its last case{left}")
                 return None
     finally:  # also on Ctrl-C in the parent: no worker outlives the run
         reader.close()
         with contextlib.suppress(OSError):
             os.unlink(log.name)
-        _kill(proc)
+        if proc in _CHILDREN:  # not yet ended, nor left behind by _kill
+            _kill(proc)
 
 
-def _end(proc: multiprocessing.process.BaseProcess, grace_s: float) -> None:
-    """Let `proc` end by itself within `grace_s`, else kill it (`_kill`)."""
-    proc.join(grace_s)
-    _kill(proc)
-
-
-def _kill(proc: multiprocessing.process.BaseProcess) -> None:
-    """SIGKILL `proc` and its process group unless it has ended; raises a `ReplayError` when it has not
-    ended within KILL_S even so (stuck in the kernel: waiting longer could be for ever)."""
+def _kill(proc: multiprocessing.process.BaseProcess) -> str:
+    """SIGKILL `proc` and its process group unless it has ended; "" once it has ended, else (not ended
+    within KILL_S: stuck in an uninterruptible system call) the words that say it was left behind. A
+    process left behind is dropped from multiprocessing's children, whose exit handler would otherwise
+    wait on it for ever when the run ends."""
     if proc.pid is not None and proc.exitcode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # the worker leads its own process group
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
     proc.join(KILL_S)
-    if proc.exitcode is None:
-        raise ReplayError(f"worker process {proc.pid} did not end within {KILL_S:g} s of SIGKILL: it is stuck in "
-                          "the kernel, usually in a device driver's call (the GPU may need a reset)")
+    if proc.exitcode is not None:
+        return ""
+    _CHILDREN.discard(proc)
+    return (f"; worker process {proc.pid} did not end within {KILL_S:g} s of SIGKILL: left behind, stuck in an "
+            "uninterruptible system call such as a device driver's (the GPU may need a reset)")
 
 
 def _death(code: int | None, log: str) -> str:
