@@ -33,6 +33,10 @@ PEERS = ("flashinfer", "flashinfer-ragged", "flashinfer-ragged-cub", "flashinfer
          "flashinfer-paged-shuffled", "flashinfer-topk", "flashinfer-topk-cub", "sglang-ragged-v2",
          "sglang-paged-v2", "sglang-paged-v2-shuffled", "sgl-fast-topk", "sgl-fast-topk-paged",
          "sgl-fast-topk-paged-shuffled", "sgl-fast-topk-ragged", "cudnn-indexer-topk", "deepselect-upstream")
+# `auto` dispatches by the rule fitted on the H200's replays (bench/decisions.py --fit): on the suites it
+# was not fitted on (stress, indexer, indexer-decode) its column is a held-out test of that rule. Run
+# from the project root, as the commands above are.
+AUTO_RULE = "bench/results/h200-2026-12-02/auto-fit/rule.json"
 PROBE_COUNTS = (2049, 4000, 4096, 4097, 4200, 6000, 8192, 16384)
 PROBE_COLS = 32768
 PREFIX = "peers-"
@@ -81,7 +85,8 @@ def run(args: argparse.Namespace) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     selectors = ",".join((*BUNDLED, *PEERS))
-    extra = (["--rounds", str(args.rounds)] if args.rounds else []) + \
+    extra = ["--rule", AUTO_RULE]
+    extra += (["--rounds", str(args.rounds)] if args.rounds else []) + \
         (["--warmup", str(args.warmup)] if args.warmup is not None else [])
     commands: dict[str, str] = {}
     start = time.monotonic()

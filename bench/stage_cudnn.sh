@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Stage cuDNN frontend's DSA indexer top-k (the `cudnn-indexer-topk` adapter, logitreplay/selectors/cudnn.py)
-# for the GPU machine, which has no network, Python 3.12, torch 2.11 (cu130) and CUDA 13, and takes at
-# most 64 MiB of carried files a call. Run from the project root on a machine with network:
+# for an offline GPU host (no network; Python 3.12, torch 2.11 cu130, CUDA 13) that takes files in
+# parts of at most about 64 MiB, one run each. Run from the project root on a machine with network:
 #   bash bench/stage_cudnn.sh
 # It downloads the six cp312 manylinux x86-64 wheels below (checked against their sha256) and writes
 # .cudnn/ (git-ignored, replaced on each run): one tar of the wheels cut into parts of at most
 # $PART_MIB MiB (default 54), part N in .cudnn/N/ with a copy of unpack.sh and SHA256SUMS, and
-# MANIFEST.txt. Each part travels in a call of its own; unpack.sh keeps the parts in /tmp/cudnn/parts and,
+# MANIFEST.txt. Each part travels in a run of its own; unpack.sh keeps the parts in /tmp/cudnn/parts and,
 # once it has them all, installs the wheels (pip install --no-index --no-deps --target /tmp/cudnn/site)
-# and writes /tmp/cudnn/env.sh. The machine keeps /tmp only about 30 s after a call, so the calls must
-# follow one another:
-#   call 1, carry [".cudnn/1"]:          bash .cudnn/1/unpack.sh
-#   call 2, carry [".cudnn/2", ".whl"]:  bash .cudnn/2/unpack.sh && . /tmp/cudnn/env.sh && ...
-#   call 3 (optional), carry [".peers", ".whl"]: bash bench/peers_gpu.sh   (it reads /tmp/cudnn/env.sh)
+# and writes /tmp/cudnn/env.sh. Where the host clears /tmp soon after a run, the runs must follow one
+# another:
+#   run 1, with .cudnn/1 in the tree:          bash .cudnn/1/unpack.sh
+#   run 2, with .cudnn/2 and .whl in the tree: bash .cudnn/2/unpack.sh && . /tmp/cudnn/env.sh && ...
+#   run 3 (optional), with .peers and .whl:    bash bench/peers_gpu.sh   (it reads /tmp/cudnn/env.sh)
 #
 # Sizes measured (2026-12-03), bytes:
 #   nvidia_cudnn_frontend-1.32.0-cp312        11,619,860  (the frontend; 4.5 MB pybind module, Python kernels)
@@ -37,7 +37,6 @@ cudnn_ver=1.32.0 dsl_ver=4.8.1 tvm_ver=0.1.11
 part_mib=${PART_MIB:-54}
 root=$(git rev-parse --show-toplevel)
 dst="$root/.cudnn"
-grep -qx '/.cudnn/' "$root/.git/info/exclude" 2>/dev/null || echo '/.cudnn/' >> "$root/.git/info/exclude"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 out="$tmp/out"   # moved to .cudnn/ once complete
@@ -79,9 +78,9 @@ done
 
 cat > "$tmp/unpack.sh" <<'EOF'
 #!/usr/bin/env bash
-# One part of cuDNN frontend's indexer top-k, staged by bench/stage_cudnn.sh, on the GPU machine (no
-# network; python3 with pip and torch). From the project root, one call per part, the calls following
-# one another (the machine keeps /tmp about 30 s between calls):
+# One part of cuDNN frontend's indexer top-k, staged by bench/stage_cudnn.sh, on the GPU host (no
+# network; python3 with pip and torch). From the project root, one run per part, the runs following
+# one another (before the host clears /tmp):
 #   bash .cudnn/N/unpack.sh [DIR]      (DIR defaults to /tmp/cudnn)
 # Keeps this part in DIR/parts; once every part is there, checks them, installs the wheels into DIR/site
 # (pip install --no-index --no-deps --target) and writes DIR/env.sh, the exports a command runs before
@@ -104,7 +103,7 @@ have=$(ls "$T/parts"/wheels.tar.part* 2>/dev/null | wc -l)
 if [ "$have" -lt "$want" ]; then
   echo "kept $(basename "$here")/$(ls "$here" | grep wheels.tar.part) in $T/parts ($have of $want parts; missing:" \
     "$(cd "$T/parts" && sha256sum -c SHA256SUMS 2>/dev/null | grep -v ': OK$' | cut -d: -f1 | xargs))." \
-    "Run the other parts' unpack.sh in the next calls, each within about 30 s of the last"
+    "Run the other parts' unpack.sh next, before the host clears /tmp"
   exit 0
 fi
 (cd "$T/parts" && sha256sum -c --quiet SHA256SUMS) || { echo "unpack.sh: a part in $T/parts is damaged" >&2; exit 1; }
@@ -136,8 +135,8 @@ chmod +x "$tmp/unpack.sh"
 for d in $(seq 1 "$parts"); do cp "$tmp/unpack.sh" "$tmp/SHA256SUMS" "$out/$d/"; done
 
 {
-  echo "cuDNN frontend's DSA indexer top-k, staged by bench/stage_cudnn.sh: $parts parts, one call each, in order:"
-  for d in $(seq 1 "$parts"); do echo "  call $d: carry [\".cudnn/$d\"$([ "$d" = "$parts" ] && echo ', ".whl"')]: bash .cudnn/$d/unpack.sh"; done
+  echo "cuDNN frontend's DSA indexer top-k, staged by bench/stage_cudnn.sh: $parts parts, one run each, in order:"
+  for d in $(seq 1 "$parts"); do echo "  run $d, with .cudnn/$d$([ "$d" = "$parts" ] && echo ' and .whl') in the tree: bash .cudnn/$d/unpack.sh"; done
   echo "nvidia-cudnn-frontend $cudnn_ver, nvidia-cutlass-dsl $dsl_ver (libs base, core, cu13), apache-tvm-ffi $tvm_ver"
   echo "Wheels (bytes, sha256):"
   (cd "$tmp/dl" && for w in *.whl; do echo "  $(stat -c %s "$w")  $(sha256sum "$w" | cut -c1-64)  $w"; done)
@@ -151,7 +150,7 @@ big=$(find "$dst" -type f -size +"${part_mib}"M)
 echo; cat "$dst/MANIFEST.txt"
 cat <<MSG
 
-Each call carries one part (the working tree travels too: keep each call under 64 MiB). After the last,
+Each run takes one part (with the working tree: keep each under 64 MiB). After the last,
   . /tmp/cudnn/env.sh
 makes \`import cudnn\` and \`cutlass\` work, and the adapter \`cudnn-indexer-topk\` compiles its kernel
 for the GPU in prepare (CuTe DSL, about a second a shape on 2 CPU cores).

@@ -126,7 +126,7 @@ class CudnnIndexerTopK(Upstream):
             return f"top_k {case.top_k}: IndexerTopK takes 0 < k <= {MAX_K}"
         if case.rows == 0 or case.cols == 0:
             return "no rows or no columns: IndexerTopK's check_support rejects zero extents"
-        if case.rows > 1 and case.row_stride != case.cols:
+        if case.row_stride != case.cols:  # a single row too: the class checks the strides as given
             return (f"row stride {case.row_stride} > {case.cols} columns: IndexerTopK takes contiguous rows only "
                     "(indexer_top_k_wrapper would copy the matrix first)")
         return starts_at_zero(case, "takes row lengths only (its row_start is 0)") or scratch_chunk_limit(case)
