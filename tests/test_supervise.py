@@ -122,7 +122,7 @@ def test_a_second_end_between_steps_on_one_case_ends_its_unknown_results() -> No
     headers = {3: CaseResult("c3", 6, 64, 8, "float32", 64, "test", 0)}
     parts = {3: {"reference": SelectorResult("reference", "ok")}}
     end = isolate._End(3, True, None, "worker died: SIGKILL (out of memory?)")
-    stalled: set[int] = set()
+    stalled: dict[int, tuple[tuple[str, ...], bool]] = {}
     notes: list[str] = []
     assert isolate._after(job, end, 10, headers, parts, stalled, notes) == job and not notes
     following = isolate._after(job, end, 10, headers, parts, stalled, notes)
@@ -132,3 +132,21 @@ def test_a_second_end_between_steps_on_one_case_ends_its_unknown_results() -> No
         "error", "worker died: SIGKILL (out of memory?) (twice, between steps)")
     assert notes == ["case c3: two workers ended there between steps (worker died: SIGKILL (out of memory?)); "
                      "the run went on after it"]
+
+
+def test_two_ends_between_steps_on_a_case_reached_mid_run_end_its_results() -> None:
+    """The same rule on a case the worker reached after its first one: its first end there, with nothing
+    settled, is tried again once, its second ends the case (two workers, as the note says, not three)."""
+    job = isolate.Job(("reference", "x"), ("reference", "x"), [], None, "small", "cpu", {}, 1e30, None, start=1)
+    headers = {3: CaseResult("c3", 6, 64, 8, "float32", 64, "test", 0)}
+    parts: dict[int, dict[str, SelectorResult]] = {}
+    end = isolate._End(3, True, None, "worker died: exit status 0")
+    stalled: dict[int, tuple[tuple[str, ...], bool]] = {}
+    notes: list[str] = []
+    again = isolate._after(job, end, 10, headers, parts, stalled, notes)
+    assert (again.start, again.known, again.one_by_one) == (3, (), False) and not notes
+    following = isolate._after(again, end, 10, headers, parts, stalled, notes)
+    assert (following.start, following.known) == (4, ())
+    assert [parts[3][n].status for n in ("reference", "x")] == ["error", "error"]
+    assert notes == ["case c3: two workers ended there between steps (worker died: exit status 0); the run went "
+                     "on after it"]

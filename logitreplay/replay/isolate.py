@@ -109,7 +109,7 @@ def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -
     headers: dict[int, CaseResult] = {}
     parts: dict[int, dict[str, SelectorResult]] = {}  # every result on each case so far, from every worker
     done: set[int] = set()  # the cases yielded
-    stalled: set[int] = set()  # the cases where a worker ended with nothing new settled
+    stalled: dict[int, tuple[tuple[str, ...], bool]] = {}  # per case: what was known when an end settled nothing
     job = replace(job, context=job.context or _context())
     while job.start < total:
         worker = _run_worker(job, timeout_s, notes)
@@ -135,9 +135,11 @@ def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -
 
 
 def _after(job: Job, end: _End, total: int, headers: dict[int, CaseResult],
-           parts: dict[int, dict[str, SelectorResult]], stalled: set[int], notes: list[str]) -> Job:
+           parts: dict[int, dict[str, SelectorResult]], stalled: dict[int, tuple[tuple[str, ...], bool]],
+           notes: list[str]) -> Job:
     """The job of the next worker after `end`, recording the result it settles; never `job` itself twice
-    in a row for one case (`stalled`: the cases where that happened once)."""
+    in a row for one case more than once (`stalled`: per case, what was known there when an end settled
+    nothing, so that a second such end gives up on it)."""
     i = end.index
     if i >= total:  # it ended after its last result, before saying it was done: nothing is left to run
         return replace(job, start=i, known=(), one_by_one=False)
@@ -159,10 +161,13 @@ def _after(job: Job, end: _End, total: int, headers: dict[int, CaseResult],
         notes.append(f"{culprit} on case {headers[i].case_id}: {end.reason}; a fresh worker continued the run "
                      "from there")
     known = tuple(n for n in job.names if n in have)
-    if len(known) < len(job.names) and (i, known, one_by_one) == (job.start, job.known, job.one_by_one):
-        if i not in stalled:  # it died between steps, of no selector's doing: one fresh worker tries again
-            stalled.add(i)
-            return job
+    # An end that settles nothing on its case (a death between steps, of no selector's doing; before it the
+    # worker knew the job's results there, or none on a later case) is tried once more in a fresh worker;
+    # a second such end on that case ends its unknown results.
+    before = (job.known, job.one_by_one) if i == job.start else ((), False)
+    if len(known) < len(job.names) and (known, one_by_one) == before and stalled.get(i) != before:
+        stalled[i] = before
+    elif len(known) < len(job.names) and (known, one_by_one) == before:
         for name in job.names:
             have.setdefault(name, SelectorResult(name, "error", f"{end.reason} (twice, between steps)"))
         notes.append(f"case {headers[i].case_id}: two workers ended there between steps ({end.reason}); the "
