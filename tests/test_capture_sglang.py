@@ -10,7 +10,6 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import time
 import tomllib
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -41,7 +40,7 @@ from tests.sglang0523.steps import (  # noqa: F401  (fixtures)
     watched,
 )
 from tests.test_capture_sync import DEVICES, HostReads, held, no_host_sync
-from tests.test_capture_vllm import _cases, _summaries
+from tests.test_capture_vllm import _await_summary, _cases, _summaries
 
 pytestmark = pytest.mark.usefixtures("sglang0523", "fresh_sglang", "one_thread")
 TWO = [(150, 10), (70, 70)]  # request A: 150 tokens, the last 10 new; B: 70, all new (a fresh prompt)
@@ -248,11 +247,8 @@ def _worker(out: str, policy: str, kill: bool, tp: tuple[int, int, int], ranks: 
     runner.forward(decode_batch(runner, [130, 70, 20]))
     runner.forward(extend_batch(runner, TWO))
     if kill:
-        capture = vllm_plugin._active
-        assert capture is not None and capture.writer is not None
-        deadline = time.monotonic() + 30
-        while capture.writer.captured < 2 * LAYERS and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert vllm_plugin._active is not None and vllm_plugin._active.writer is not None
+        _await_summary(Path(out), 2 * LAYERS)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

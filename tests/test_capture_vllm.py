@@ -67,6 +67,15 @@ def _summaries(path: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(path.glob("capture-summary-*.json"))]
 
 
+def _await_summary(path: Path, captured: int) -> None:
+    """Wait (up to 30 s) until the summary on disk counts `captured` cases: a writer counts a case, then
+    rewrites its summary, and a SIGKILL leaves the last summary written, so a process killed to test that
+    is killed after it."""
+    deadline = time.monotonic() + 30
+    while [s["captured"] for s in _summaries(path)] != [captured] and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _assert_exact(case: Case, step: Step, written: torch.Tensor, rows: slice = slice(None)) -> None:
     """Row r of the case is the in-bounds part of what the top-k read, bit for bit; the reference indices
     are what it wrote."""
@@ -97,11 +106,8 @@ def _worker(out: str, policy: str, kill: bool) -> None:
         torch.save({"seen": step.seen[-1], "written": layer.indexer.topk_indices_buffer[: step.tokens].clone()},
                    f"{out}.{seed}.pt")
     if kill:
-        capture = vllm_plugin._active
-        assert capture is not None and capture.writer is not None
-        deadline = time.monotonic() + 30
-        while capture.writer.captured < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert vllm_plugin._active is not None and vllm_plugin._active.writer is not None
+        _await_summary(Path(out), 2)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
