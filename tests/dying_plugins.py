@@ -46,8 +46,6 @@ class _Lingers(ReferenceSelector):
 
 
 UNREAPABLE_PARENT = "LR_TEST_UNREAPABLE_PARENT"  # the file `unreapable` writes its parent's pid to
-
-
 UNREAPABLE_FOR_S = 1.5  # how long the fork server stays stopped: longer than the test's EXIT_S + KILL_S
 
 

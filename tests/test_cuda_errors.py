@@ -4,6 +4,7 @@ context is gone after the plugin raised; the workers are real processes)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -65,8 +66,6 @@ def test_the_run_finishes_in_a_fresh_worker_and_strict_exits_1(tmp_path: Path, l
                                     "--json", str(tmp_path / "r.json")])
     assert res.exit_code == 1, res.output
     assert "--strict: 1 failed, errored or invalid: c0/sticky" in res.output
-    import json
-
     report = json.loads((tmp_path / "r.json").read_text())
     statuses = [[(r["selector"], r["status"]) for r in c["results"]] for c in report["cases"]]
     assert statuses == [[("reference", "ok"), ("sticky", "error")]] + [[("reference", "ok"), ("sticky", "ok")]] * 2
@@ -90,8 +89,6 @@ def test_a_selector_that_loses_the_context_on_every_case_costs_one_worker_per_ca
     res = CliRunner().invoke(main, ["replay", str(path), *selectors, "--selector", "tests.cuda_faults:sticky",
                                     *isolate, "--rounds", "1", "--json", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
-    import json
-
     report = json.loads((tmp_path / "r.json").read_text())
     for case in report["cases"]:
         sticky = case["results"][-1]

@@ -165,14 +165,15 @@ def _after(job: Job, end: _End, total: int, headers: dict[int, CaseResult],
     # worker knew the job's results there, or none on a later case) is tried once more in a fresh worker;
     # a second such end on that case ends its unknown results.
     before = (job.known, job.one_by_one) if i == job.start else ((), False)
-    if len(known) < len(job.names) and (known, one_by_one) == before and stalled.get(i) != before:
-        stalled[i] = before
-    elif len(known) < len(job.names) and (known, one_by_one) == before:
-        for name in job.names:
-            have.setdefault(name, SelectorResult(name, "error", f"{end.reason} (twice, between steps)"))
-        notes.append(f"case {headers[i].case_id}: two workers ended there between steps ({end.reason}); the "
-                     "run went on after it")
-        known = job.names
+    if len(known) < len(job.names) and (known, one_by_one) == before:
+        if stalled.get(i) != before:
+            stalled[i] = before
+        else:
+            for name in job.names:
+                have.setdefault(name, SelectorResult(name, "error", f"{end.reason} (twice, between steps)"))
+            notes.append(f"case {headers[i].case_id}: two workers ended there between steps ({end.reason}); "
+                         "the run went on after it")
+            known = job.names
     if len(known) == len(job.names):
         return replace(job, start=i + 1, known=(), one_by_one=False)
     return replace(job, start=i, known=known, one_by_one=one_by_one)

@@ -81,17 +81,21 @@ def cutlass_on_path(root: str | None = None) -> None:
         sys.path.insert(0, folder)
 
 
+def _scratch_words_per_row(case: Case) -> int:
+    """int32 radix scratch words per row: two per float32 element (two histogram passes), one otherwise."""
+    return (2 if case.dtype == "float32" else 1) * case.cols
+
+
 def scratch_bytes(case: Case) -> int:
-    """`IndexerTopK.scratch_workspace_bytes()` for the case: int32 radix scratch, two words per float32
-    element (two histogram passes), one otherwise, rounded up to 128 bytes."""
-    words = case.rows * (2 if case.dtype == "float32" else 1) * case.cols
-    return -(-words * 4 // 128) * 128
+    """`IndexerTopK.scratch_workspace_bytes()` for the case: its int32 radix scratch, rounded up to 128
+    bytes."""
+    return -(-case.rows * _scratch_words_per_row(case) * 4 // 128) * 128
 
 
 def scratch_chunk_limit(case: Case) -> str | None:
     """`launch_topk_kernel`'s refusal: the kernel indexes its scratch with int32, so a launch is split
     into row chunks that fit, and a chunk of the rows one aligned step holds must fit on its own."""
-    per_row = (2 if case.dtype == "float32" else 1) * case.cols
+    per_row = _scratch_words_per_row(case)
     step = max(1, BUFFER_ALIGN // (4 if case.dtype == "float32" else 2))
     if case.rows * per_row > INT32_MAX and (INT32_MAX + 1) // per_row < step:
         return (f"{case.cols} columns: one aligned chunk of {step} rows overflows the kernel's int32 scratch "

@@ -1,6 +1,6 @@
 """One base for every adapter to an upstream kernel (vLLM's libraries, FlashInfer, SGLang, sgl-kernel,
-DeepSelect, cuDNN frontend): find the kernel (installed, or from a path), refuse a GPU it has no code for, state its
-limits, stage its output, and say in `note` what ran.
+DeepSelect, cuDNN frontend): find the kernel (installed, or from a path), refuse a GPU it has no code
+for, state its limits, stage its output, and say in `note` what ran.
 
 An adapter is stateless between `supports` and its launch: `prepare_case` gets the case itself (the
 engine passes it; see `selectors.base.prepare_for`), so a kernel whose call depends on recorded facts
