@@ -3,7 +3,8 @@
 # bundled kernels, run the GPU tests named in $PLAIN_TESTS (before the peers are importable: the SGLang
 # capture tests bring their own SGLang tree), unpack the peers staged in .peers/ (by
 # shared/gpu/peer-kernels; kept in /tmp/peers between runs), run the peers' GPU tests, then
-# bench/peers.py for the suites in $SUITES at $SCALE. $PLAIN_TESTS: test paths or node ids, one pytest each.
+# bench/peers.py for the suites in $SUITES at $SCALE (none: no replay). $PLAIN_TESTS: test paths or node
+# ids, one pytest each, with $PYTEST_ARGS (e.g. -m gpu: only a file's GPU tests).
 #   SUITES=probe,decode SCALE=full bash bench/peers_gpu.sh      (.peers and .whl in the tree)
 # Everything is written to $OUT as it is made (a run cut short keeps what it finished): the build and
 # test logs, JUnit files, and peers.py's JSON, commands, versions and PEERS.md. cuDNN's indexer top-k is
@@ -28,7 +29,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 n=0
 tests() {  # NAME ITEM: pytest-NAME.log and gpu-junit-NAME.xml in $out
   timeout -k 30 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" \
-    -o faulthandler_timeout="${STACKS_S:-120}" --junitxml="$out/gpu-junit-$1.xml" "$2" > "$out/pytest-$1.log" 2>&1
+    -o faulthandler_timeout="${STACKS_S:-120}" --junitxml="$out/gpu-junit-$1.xml" ${PYTEST_ARGS:-} "$2" > "$out/pytest-$1.log" 2>&1
   local rc=$?
   [ "$rc" = 0 ] || failed=1
   echo "tests $1 ($2): exit $rc after $(( $(date +%s) - t0 )) s; $(tail -1 "$out/pytest-$1.log")"
@@ -43,6 +44,7 @@ if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unp
 if [ -f /tmp/cudnn/env.sh ]; then . /tmp/cudnn/env.sh; else echo "cudnn: not unpacked in /tmp/cudnn (bench/stage_cudnn.sh)"; fi
 export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD
 if [ "${TESTS:-1}" != 0 ]; then tests peers tests/gpu/test_gpu_peers.py; fi
+[ "${SUITES:-}" = none ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit "$failed"; }
 python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \
   ${ROUNDS:+--rounds $ROUNDS} ${WARMUP:+--warmup $WARMUP} ${DEADLINE:+--deadline $DEADLINE} --md "$out/PEERS.md" \
   > "$out/peers.log" 2>&1 || failed=1
