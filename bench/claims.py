@@ -414,6 +414,11 @@ def deepselect_bets(root: Path) -> str:
     return record_table(root, "cpu-2026-12-03/deepselect-bets.md")
 
 
+@claim("deepselect-flood")
+def deepselect_flood(root: Path) -> str:
+    return record_table(root, "cpu-2026-12-03/deepselect-flood.md")
+
+
 @claim("codecs")
 def codecs(root: Path) -> str:
     """bench/codecs.py's printout (distribution, codec, ratio, encode and decode MB/s), one row per

@@ -5,7 +5,13 @@ first threshold at `keep_rank`, free rounds, buffer capacity, exact redo), so it
 rows a launch reads twice. Rows of `--rows` full-length rows per case, fp32 and bf16; the last thing
 printed is a Markdown table of the share of rows redone (and the candidates per row).
 
+`--flood` instead runs the model over the `stress` suite's flooded-bin cases (full scale: N values in one
+coarse bin above every other value, at the capacities of the kernels): per case, the rows redone and the
+most compactions of one row. With one block per row a launch lasts as long as its slowest row, so one
+lost bet in 33 rows sets the time of the launch.
+
     python bench/deepselect_bets.py [--rows 16]
+    python bench/deepselect_bets.py --flood
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 
 import torch
 
+from logitreplay.datasets import synth
 from logitreplay.selectors import cpu_models
 
 SHAPES = [(4096, 512), (8192, 512), (25600, 512), (102400, 512), (163840, 512), (65536, 2048), (163840, 2048)]
@@ -35,10 +42,27 @@ def distributions(x: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
+def flood() -> None:
+    print("| case | rows | flooded values | rows redone | most compactions of a row | candidates per row |")
+    print("|---|---|---|---|---|---|")
+    for recipe in synth.recipes("stress", "full"):
+        if not isinstance(recipe, synth.FloodRecipe):
+            continue
+        case = synth.generate(recipe)
+        starts, ends = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
+        _, work = cpu_models.deepselect_topk(case.padded(), starts, ends, case.top_k)
+        print(f"| {case.case_id} | {case.rows} | {recipe.flood} | {int(work.redone.sum())} | "
+              f"{int(work.compactions.max())} | {work.appended.mean():.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=16, help="rows per case")
+    ap.add_argument("--flood", action="store_true", help="the stress suite's flooded-bin cases instead")
     args = ap.parse_args()
+    if args.flood:
+        flood()
+        return
     t0 = time.time()
     table: dict[str, list[str]] = {}
     for cols, top_k in SHAPES:
