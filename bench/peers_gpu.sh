@@ -15,7 +15,9 @@ set -f  # $PLAIN_TESTS holds node ids such as test_x[cuda]: words, not patterns
 out=${OUT:-out/peers}
 mkdir -p "$out"
 failed=0
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+# (a run without .whl keeps what an earlier run on the same host installed in /tmp/site)
+[ ! -d .whl ] && [ -d /tmp/site/zarr ] ||
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
   { echo "the wheels in .whl did not install"; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LOGITREPLAY_CACHE=/tmp/lr-cache
 cli="import sys; from logitreplay.cli import main; sys.exit(main())"
