@@ -40,6 +40,7 @@ import fidelity  # noqa: E402
 import peers  # noqa: E402
 import reliability  # noqa: E402
 import replay_controls  # noqa: E402
+import targets  # noqa: E402
 
 ROOT = BENCH.parent
 RESULTS = "bench/results"
@@ -338,12 +339,15 @@ def deepselect_decode(root: Path) -> str:
                       source(root, rel, d["environment"])])
 
 
-PEER_SUITES = ("probe", "seed-controls", "seed-controls-bf16", "stress", "decode", "decode-bf16")
+# Each suite's latest peers run: its results folder.
+PEER_SUITES = {"probe": "h200-2026-12-02", "seed-controls": "h200-2026-12-02", "seed-controls-bf16": "h200-2026-12-02",
+               "decode": "h200-2026-12-02", "decode-bf16": "h200-2026-12-02", "stress": "h200-2026-12-03",
+               "indexer": "h200-2026-12-03", "indexer-decode": "h200-2026-12-03"}
 
 
 def peers_table(root: Path, suite: str) -> str:
     """bench/PEERS.md: every peer and the bundled selectors on one suite (bench/peers.py)."""
-    rel = f"h200-2026-12-02/peers-{suite}.json"
+    rel = f"{PEER_SUITES[suite]}/peers-{suite}.json"
     report = load(root, rel)
     return "\n".join([peers.suite_block(report), "", f"Protocol: {protocol(report)}.",
                       source(root, rel, report["environment"])])
@@ -351,6 +355,23 @@ def peers_table(root: Path, suite: str) -> str:
 
 for _suite in PEER_SUITES:
     claim(f"peers-{_suite}")(functools.partial(peers_table, suite=_suite))
+
+
+def target_table(root: Path, suite: str, head: list[str], score: Callable[[dict[str, Any]], Any]) -> str:
+    """bench/RESULTS.md: one of bench/targets.py's tables on a suite's peers run, its misses and source."""
+    rel = f"{PEER_SUITES[suite]}/peers-{suite}.json"
+    report = load(root, rel)
+    rows, misses = score(report)
+    return "\n".join([table(head, rows), "", "Misses: " + ("; ".join(misses) if misses else "none") + ".", "",
+                      f"Protocol: {protocol(report)}.", source(root, rel, report["environment"])])
+
+
+claim("target-split-decode")(functools.partial(
+    target_table, suite="indexer-decode", score=targets.split_vs_production,
+    head=["case", "split", "fastest production peer", "its us", "split / it"]))
+claim("target-cliffs")(functools.partial(
+    target_table, suite="stress", score=targets.capacity_cliffs,
+    head=["case", "flooded values", *(f"{k} us (after / before)" for k in targets.BUNDLED_KERNELS)]))
 
 
 # A split sweep table: columns (header, file, run or None, variant); `ref` is the best vLLM decode kernel of

@@ -11,7 +11,6 @@
 # too large to travel with .peers: bench/stage_cudnn.sh's runs put it in /tmp/cudnn first, read here.
 # Exits 1 when any step failed (each is still tried), 3 when the set-up did.
 set -uo pipefail
-set -f  # $PLAIN_TESTS holds node ids such as test_x[cuda]: words, not patterns
 out=${OUT:-out/peers}
 mkdir -p "$out"
 failed=0
@@ -19,6 +18,7 @@ failed=0
 [ ! -d .whl ] && [ -d /tmp/site/zarr ] ||
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
   { echo "the wheels in .whl did not install"; exit 3; }
+set -f  # from here on $PLAIN_TESTS holds node ids such as test_x[cuda]: words, not patterns
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LOGITREPLAY_CACHE=/tmp/lr-cache
 cli="import sys; from logitreplay.cli import main; sys.exit(main())"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv

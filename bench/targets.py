@@ -1,0 +1,89 @@
+"""The bundled kernels' targets on indexer-shaped logits, scored from one peers replay per suite
+(bench/peers.py's `peers-SUITE.json`): bench/claims.py renders these tables into bench/RESULTS.md.
+
+- `split` within DECODE_TARGET of the fastest verified production decode kernel on every `indexer-decode`
+  case. Production here means the peers that serve DSA decode (FlashInfer's transforms, SGLang's v2,
+  sgl-kernel's fast_topk, cuDNN's indexer top-k); vLLM's own decode kernels are scored beside `split` in
+  bench/FIDELITY.md (bench/fidelity.py), from the run that loads its library. A peer whose answer failed
+  verification on a case is no competitor there. Each peer's time is its adapter's launch, including the
+  copy into the replay's output where the adapter stages one (PEERS.md says which do).
+- No bundled kernel more than CLIFF_TARGET slower one value past a capacity limit than one value before
+  it: the `stress` suite's flooded-bin pairs (`...-fN` and `...-fN+1`, same rows).
+
+    python bench/targets.py bench/results/h200-2026-12-03    # print both tables
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import peers
+
+DECODE_TARGET = 1.25
+CLIFF_TARGET = 1.3
+BUNDLED_KERNELS = ("native", "deepselect", "split")
+# What a DSA decode step runs in production among the peers (the upstream DeepSelect build is a
+# kernel-development reference, not a serving path on this GPU).
+PRODUCTION = tuple(p for p in peers.PEERS if p != "deepselect-upstream")
+FLOOD = re.compile(r"^(?P<base>.+)-f(?P<n>\d+)$")
+
+
+def timed(case: dict[str, Any]) -> dict[str, float]:
+    """selector -> median us of a report case's verified, timed results."""
+    return {r["selector"]: r["timing"]["median_us"] for r in case["results"]
+            if r["status"] == "ok" and r.get("timing")}
+
+
+def split_vs_production(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """Per case: split, the fastest verified production peer and its time, the ratio; and the misses."""
+    rows, misses = [], []
+    for case in report["cases"]:
+        t = timed(case)
+        rivals = {p: t[p] for p in PRODUCTION if p in t}
+        if "split" not in t or not rivals:
+            continue
+        best = min(rivals, key=rivals.__getitem__)
+        r = t["split"] / rivals[best]
+        rows.append([case["case_id"], f"{t['split']:.1f}", best, f"{rivals[best]:.1f}",
+                     f"{r:.2f}" + ("" if r <= DECODE_TARGET else " **miss**")])
+        if r > DECODE_TARGET:
+            misses.append(f"{case['case_id']}: split {r:.2f}x {best}")
+    return rows, misses
+
+
+def capacity_cliffs(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """Per flooded-bin pair (N and N + 1 values in the threshold bin, same rows): each bundled kernel's
+    time after / before; and the misses."""
+    by_id = {c["case_id"]: timed(c) for c in report["cases"]}
+    rows, misses = [], []
+    for cid, before in by_id.items():
+        m = FLOOD.match(cid)
+        after = by_id.get(f"{m['base']}-f{int(m['n']) + 1}") if m else None
+        if m is None or after is None:
+            continue
+        cells = [cid.removeprefix("bin-flood-"), f"{m['n']} -> {int(m['n']) + 1}"]
+        for k in BUNDLED_KERNELS:
+            if k not in before or k not in after:
+                cells.append("-")
+                continue
+            r = after[k] / before[k]
+            cells.append(f"{before[k]:.1f} -> {after[k]:.1f} ({r:.2f})" + ("" if r <= CLIFF_TARGET else " **miss**"))
+            if r > CLIFF_TARGET:
+                misses.append(f"{k} on {cid}: {r:.2f}x one value past it")
+        rows.append(cells)
+    return rows, misses
+
+
+def main() -> None:
+    folder = Path(sys.argv[1])
+    for suite, fn in (("indexer-decode", split_vs_production), ("stress", capacity_cliffs)):
+        rows, misses = fn(json.loads((folder / f"{peers.PREFIX}{suite}.json").read_text()))
+        print(f"{suite}:", *("  " + " | ".join(r) for r in rows), f"  misses: {misses or 'none'}", sep="\n")
+
+
+if __name__ == "__main__":
+    main()
