@@ -145,8 +145,7 @@ def span(values: list[float], unit: str = "x") -> str:
 
 def medians(report: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per case id: selector -> median us (timed results only)."""
-    return {c["case_id"]: {r["selector"]: r["timing"]["median_us"] for r in c["results"]
-                           if r["status"] == "ok" and r.get("timing")} for c in report["cases"]}
+    return {c["case_id"]: targets.timed(c) for c in report["cases"]}
 
 
 def worst_cv(report: dict[str, Any]) -> float:
