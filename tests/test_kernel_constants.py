@@ -152,6 +152,8 @@ def test_deepselect_classes_and_configuration_rules_match_the_model() -> None:
     assert tuple(classes) == cpu_models.DS_CLASSES
     assert wide == {k for k in classes if k <= cpu_models.DS_WIDE_MAX_K}
     assert constants(DS)["kWideStride"] == cpu_models.DS_WIDE_STRIDE
+    assert (constants(DS)["kRebetRounds"], constants(DS)["kRebetDiv"]) == (cpu_models.DS_REBET_ROUNDS,
+                                                                          cpu_models.DS_REBET_DIV)
     config = DS[DS.index("struct Config {"):DS.index("};", DS.index("struct Config {"))]
     rules = tunables(config)
     for k_max in classes:

@@ -115,6 +115,25 @@ def test_deepselect_redoes_a_row_whose_first_round_misleads(shift: float) -> Non
     assert torch.equal(chosen, torch.topk(x, top_k, dim=1).values.sort(dim=1).values)
 
 
+FLOODED = "bin-flood-c163840-b33-n1-k2048-full-f16385"  # stress: one such row overflowed before the re-bet
+
+
+def test_deepselect_rebets_flooded_rows_instead_of_redoing_them() -> None:
+    """33 rows of 163840, k 2048, 16385 values in one coarse bin: the first round's bet lets in about 3%
+    of a row, on course for the whole buffer (6144), and one row of the 33 (the whole launch's time)
+    used to overflow and be read again. The re-bet after an eighth of the rounds cuts every row back
+    once, and none is redone."""
+    from logitreplay.datasets import synth
+    case = synth.generate(next(r for r in synth.recipes("stress", "full") if r.case_id == FLOODED))
+    idx, work = models.deepselect_topk(case.padded(), torch.from_numpy(case.row_starts),
+                                       torch.from_numpy(case.row_ends), case.top_k)
+    assert work.redone.tolist() == [0] * case.rows
+    assert work.compactions.tolist() == [1] * case.rows
+    assert int(work.appended.max()) < models.deepselect_config(case.top_k, case.cols).cap * 3 // 4
+    chosen = case.padded().gather(1, idx.long()).sort(dim=1).values
+    assert torch.equal(chosen, torch.topk(case.padded(), case.top_k, dim=1).values.sort(dim=1).values)
+
+
 def test_deepselect_needs_no_redo_on_constant_rows() -> None:
     """A first round of one repeated value: its rank-r key is also its k-th, so the later rounds take
     none of the ties in (nothing is bet, no buffer floods)."""

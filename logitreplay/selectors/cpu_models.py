@@ -18,8 +18,10 @@ most `_CHUNK_CELLS` cells; within a chunk every step is a whole-tensor operation
   (`deepselect_round_columns`). The first round sets the threshold T to its key of rank `keep_rank`
   (about the share of the row's top k it holds, plus a margin: a bet that T is still at or below the
   row's k-th value), and the later rounds append every element at or above T to a candidate buffer,
-  with no compaction. A row whose bet is lost (fewer than k candidates at the end) or whose buffer
-  overflows is redone exactly: the first threshold at rank k, and whenever the buffer reaches k + the
+  with no compaction but one: a long row looks at its buffer once, after an eighth of its rounds, and
+  when the buffer is on course for more than half its capacity it is cut back speculatively (the same
+  bet, placed on what was seen so far), or, already overflowed, the pass stops there. A row whose bet is
+  lost (fewer than k candidates at the end) or whose buffer overflows is redone exactly: the first threshold at rank k, and whenever the buffer reaches k + the
   slack it is cut back to its k largest and T becomes the k-th value. A final select gives the result.
 - `split_topk`: the split kernel's select. A first round bins every key by magnitude (`split_coarse_bin`:
   32 bins per octave of |x| in [2^-16, 2^16)); the bucket holding the k-th largest key is then resolved
@@ -67,6 +69,11 @@ DS_WIDE_MAX_K = 1024
 DS_WIDE_STRIDE = 16384
 DS_FIRST_BITS = (24, 16)
 DS_KEY_BITS = (32, 16)
+# deepselect.cu's re-bet in free rounds: rows of at least DS_REBET_ROUNDS rounds look at their buffer
+# after round rounds // DS_REBET_DIV, and cut it back speculatively when it is on course for more than
+# half its capacity (or stop the pass there when it already overflowed).
+DS_REBET_ROUNDS = 16
+DS_REBET_DIV = 8
 
 
 @dataclass
@@ -467,6 +474,8 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
     count = torch.zeros(n, dtype=torch.int64)
     lowest = torch.full((n,), -1, dtype=torch.int64)  # an element enters at or above this key
     free = torch.zeros(n, dtype=torch.bool)  # speculating: no compaction, overflow means a redo
+    rebet_round = torch.where(rounds >= DS_REBET_ROUNDS, rounds // DS_REBET_DIV, -1)
+    reading = torch.ones(n, dtype=torch.bool)  # a free pass that overflowed by its re-bet stops reading
     compactions = torch.zeros(n, dtype=torch.int64)
     appended = torch.zeros(n, dtype=torch.int64)
     first = torch.zeros(n, dtype=torch.bool)
@@ -484,7 +493,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
             # At least top_k keys at or above the prefix: later rounds need none equal to it.
             later = torch.where(first & (not_below >= top_k), prefix + 1, lowest)
             free = first & speculate
-        take = inside & (k >= lowest.unsqueeze(1))
+        take = inside & (k >= lowest.unsqueeze(1)) & reading.unsqueeze(1)
         lowest = later
         got = take.sum(1)
         pos = torch.where(take, count.unsqueeze(1) + take.cumsum(1) - 1, cap).clamp(max=cap)
@@ -493,11 +502,15 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
         count += got
         appended += got
         full = ~free & (count >= limit) & (r + 1 < rounds)
+        seen = span.clamp(max=(r + 1) * cfg.round)
+        rebet = free & (rebet_round == r)
+        reading &= ~(rebet & (count > cap))
+        spec_rank = keep_rank(top_k, seen, span)
+        full |= rebet & (count <= cap) & (count * rounds > (r + 1) * (cap // 2)) & (count > spec_rank)
         if bool(full.any()):
             rows = full.nonzero().squeeze(1)
             ranked, order = torch.sort(buf_key[rows, :cap], dim=1, descending=True)
-            seen = span[rows].clamp(max=(r + 1) * cfg.round)
-            rank = keep_rank(top_k, seen, span[rows]) if speculate else full_rank[rows]
+            rank = spec_rank[rows] if speculate else full_rank[rows]
             at, not_below = _rank_key(ranked, rank, select_bits)
             exact = not_below >= top_k  # the rank-th key is also the k-th: keep top_k, later ones above it
             keep = torch.where(exact, top_k, not_below)

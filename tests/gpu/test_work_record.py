@@ -121,6 +121,17 @@ def test_deepselect_redoes_exactly_the_rows_its_model_redoes(shift: float, redon
     assert got["first_thresholds"].tolist() == [1 + redone, 1]
 
 
+@pytest.mark.parametrize("case_id", ["bin-flood-c163840-b33-n1-k2048-full-f16385",
+                                     "bin-flood-c163840-b256-n1-k2048-full-f40000"])
+def test_deepselect_rebets_flooded_rows_as_its_model_does(case_id: str) -> None:
+    """Flooded rows of 163840, k 2048: every row re-bets once in its free rounds (a compaction, no redo),
+    the kernel's record equals the model's row by row, and the selection is exact."""
+    case = synth.generate(next(r for r in synth.recipes("stress", "full") if r.case_id == case_id))
+    got = assert_same_work(DeepSelectCuda(work=True), case)
+    assert (got["redone"] == 0).all() and (got["compactions"] >= 1).all()
+    assert verify_kernel(DeepSelectCuda(), case) == []
+
+
 def test_deepselect_takes_no_first_threshold_from_a_short_first_round() -> None:
     """top_k 2000 on a 2100-long row: its first round holds 1844 of the row's elements, fewer than the
     threshold's rank, so the kernel takes that round whole (and selects exactly); the shortest row whose

@@ -13,8 +13,13 @@
 //    of the row's top_k as the round is likely to hold, plus a wide margin. That is a bet that T is
 //    still at or below the row's k-th value.
 // 2. With the bet placed, the later rounds add few candidates (about r per round's worth of the row),
-//    so they run free: no barrier per round, one shared atomic per warp, no compaction. At the end the
-//    bet is checked: if fewer than top_k candidates remain, or the buffer overflowed, the row is redone
+//    so they run free: no barrier per round, one shared atomic per warp. A long row (kRebetRounds rounds
+//    or more) stops once, after round rounds / kRebetDiv, at one barrier: when its buffer is on course
+//    for more than half its capacity (a first round's rank-r key can let in far more than r per round:
+//    k = 2048 on the longest rows, flooded bins), it is cut back there by a speculative compaction, the
+//    same bet placed on the rounds seen so far, whose margin is then much smaller against mu; when it
+//    already overflowed, the pass ends there instead of reading on for nothing. At the end the bet is
+//    checked: if fewer than top_k candidates remain, or the buffer overflowed, the row is redone
 //    exactly (r = top_k and a barrier per round), a second and last pass over the row. Spread scores
 //    never need one; long rows with heavy ties near the k-th value, ordered rows and k = 2048 on the
 //    longest rows sometimes do (bench/deepselect_bets.py: the CPU model's count, by distribution).
@@ -103,6 +108,11 @@ __device__ __forceinline__ int keep_rank(int top_k, int seen, int len) {
   const float mu = static_cast<float>(top_k) * static_cast<float>(seen) / static_cast<float>(len);
   return min(top_k, static_cast<int>(ceilf(mu + 4.0f * sqrtf(mu) + 16.0f)));
 }
+
+// The re-bet of free rounds (see the header): rows of at least kRebetRounds rounds, after round
+// rounds / kRebetDiv.
+constexpr int kRebetRounds = 16;
+constexpr int kRebetDiv = 8;
 
 // A prime above any segment count (fewer than 2^31 / 128): its residue modulo m is coprime with m.
 constexpr uint32_t kPermPrime = 2654435761u;
@@ -362,6 +372,27 @@ struct DeepSelect {
         free = spec;
         if constexpr (lr::kWorkRecord) ++firsts;
       }
+      // The re-bet after free round `round` (see the header); false: the buffer overflowed, stop the
+      // pass. s.count is the same in every thread after the barrier, so the whole block decides alike.
+      auto rebet = [&](int round) {
+        __syncthreads();  // every warp's appends and count of rounds [0, round]
+        const uint32_t c = s.count;
+        if (c > static_cast<uint32_t>(kCap)) return false;
+        const int seen = min((round + 1) * kRound, span);
+        const int rank = keep_rank(top_k, seen, span);
+        if (static_cast<long long>(c) * rounds > static_cast<long long>(round + 1) * (kCap / 2) &&
+            static_cast<int>(c) > rank) {
+          const int keep = compact(s, static_cast<int>(c), rank, top_k, t);
+          if constexpr (lr::kWorkRecord) {
+            appended += static_cast<int>(c) - keep;  // the end adds the final count, `keep` included
+            ++compactions;
+          }
+          if (tid == 0) s.count = static_cast<uint32_t>(keep);
+          __syncthreads();  // later appends go after the kept candidates
+        }
+        return true;
+      };
+      const int rebet_round = rounds >= kRebetRounds ? rounds / kRebetDiv : -1;
       // The round loop, compiled once per kind of round so that each gets its own registers.
       auto all_rounds = [&](auto free_rounds) {
         for (int round = 0; round < rounds; ++round) {
@@ -371,6 +402,9 @@ struct DeepSelect {
           const int cur_seg = ahead_seg;
           issue(round + 1);
           process(v, cur_seg, round, free_rounds);
+          if constexpr (decltype(free_rounds)::value) {
+            if (round == rebet_round && !rebet(round)) break;
+          }
         }
       };
       if (free)
