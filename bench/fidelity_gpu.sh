@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# The vLLM-kernel fidelity work in one GPU call (after the staged library was unpacked to /tmp/vllm by the
-# call before): unpack DeepSelect, install the wheels, build the kernels, run the vLLM and kernel GPU tests,
-# then bench/fidelity.py for the suites named in $1 (default: seed-controls,stress; "own" for our cases,
-# decode,decode-bf16 for the decode suites). $GPU_TESTS names the kernel tests (default: native's; none: no
-# kernel tests).
+# The vLLM-kernel fidelity work in one GPU run: find vLLM's libraries in /tmp/vllm, install the wheels,
+# build the kernels, run the vLLM and kernel GPU tests, then bench/fidelity.py for the suites named in $1
+# (default: seed-controls,stress; "own" for our cases, decode,decode-bf16 for the decode suites,
+# indexer,indexer-decode for the indexer suites: the prefill ones against vLLM's prefill kernel, the
+# decode ones against its decode kernels). $GPU_TESTS names the kernel tests (default: native's; none: no
+# kernel tests); TESTS=0 runs no tests and builds nothing ahead (the replays build what they use).
+# The libraries: /tmp/vllm/_C_stable_libtorch.abi3.so and /tmp/vllm/_deepselect_C.abi3.so, as the runs
+# just before left them (bench/stage_vllm.sh's parts, one run each: bash .vllm-parts/N/unpack.sh), or
+# else decompressed here from .vllm/*.xz where the tree has them. Without .whl in the tree, a run uses
+# what an earlier run on the same host installed in /tmp/site.
+#   run 1, with .vllm-parts/1:         bash .vllm-parts/1/unpack.sh
+#   run 2, with .vllm-parts/2 and .whl: bash .vllm-parts/2/unpack.sh && GPU_TESTS=none bash bench/fidelity_gpu.sh indexer,indexer-decode
 set -uo pipefail
 out=${OUT:-out/fidelity}
 mkdir -p "$out" /tmp/vllm
 lib=/tmp/vllm/_C_stable_libtorch.abi3.so
 ds=/tmp/vllm/_deepselect_C.abi3.so
-[ -f "$lib" ] || { echo "MISSING $lib: unpack it first"; exit 3; }
-[ -f "$ds" ] || xz -dc .vllm/_deepselect_C.abi3.so.xz > "$ds"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+for f in "$lib" "$ds"; do
+  [ -f "$f" ] && continue
+  xz=.vllm/$(basename "$f").xz
+  [ -f "$xz" ] || { echo "MISSING $f: run bash .vllm-parts/N/unpack.sh for each part first (bench/stage_vllm.sh)," \
+                      "or carry .vllm"; exit 3; }
+  xz -dc "$xz" > "$f.new" && mv "$f.new" "$f" || { rm -f "$f.new"; echo "$xz did not decompress"; exit 3; }
+done
+[ ! -d .whl ] && [ -d /tmp/site/zarr ] ||
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+  { echo "the wheels in .whl did not install"; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LOGITREPLAY_VLLM_LIB=$lib LOGITREPLAY_VLLM_DS_LIB=$ds
 cli="import sys; from logitreplay.cli import main; sys.exit(main())"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv

@@ -3,12 +3,13 @@
 # for an offline GPU host (no network; Python 3.12, torch 2.11 cu130, CUDA 13) that takes files in
 # parts of at most about 64 MiB, one run each. Run from the project root on a machine with network:
 #   bash bench/stage_cudnn.sh
-# It downloads the six cp312 manylinux x86-64 wheels below (checked against their sha256) and writes
-# .cudnn/ (git-ignored, replaced on each run): one tar of the wheels cut into parts of at most
-# $PART_MIB MiB (default 54), part N in .cudnn/N/ with a copy of unpack.sh and SHA256SUMS, and
-# MANIFEST.txt. Each part travels in a run of its own; unpack.sh keeps the parts in /tmp/cudnn/parts and,
-# once it has them all, installs the wheels (pip install --no-index --no-deps --target /tmp/cudnn/site)
-# and writes /tmp/cudnn/env.sh. Where the host clears /tmp soon after a run, the runs must follow one
+# It downloads the six cp312 manylinux x86-64 wheels below (checked against their sha256; CUDNN_WHEELS=DIR
+# takes them from DIR instead, checked the same way) and writes .cudnn/ (git-ignored, replaced on each
+# run): one tar of the wheels cut by bench/parts.sh into parts of at most $PART_MIB MiB (default 54),
+# part N in .cudnn/N/ with unpack.sh, parts.sh and SHA256SUMS, and MANIFEST.txt. Each part travels in a
+# run of its own; unpack.sh keeps the parts in /tmp/cudnn/parts (parts.sh join) and, once it has them
+# all, installs the wheels (pip install --no-index --no-deps --target /tmp/cudnn/site) and writes
+# /tmp/cudnn/env.sh. Where the host clears /tmp soon after a run, the runs must follow one
 # another:
 #   run 1, with .cudnn/1 in the tree:          bash .cudnn/1/unpack.sh
 #   run 2, with .cudnn/2 and .whl in the tree: bash .cudnn/2/unpack.sh && . /tmp/cudnn/env.sh && ...
@@ -31,7 +32,7 @@
 # The declared needs: nvidia-cudnn-frontend needs nvidia-cutlass-dsl[cu13]>=4.8.0 and apache-tvm-ffi>=0.1.11
 # (its extra `cutedsl` adds cuda-python); the cutlass-dsl libs need cuda-bindings>=12.8, protobuf>=4.21.12
 # and typing-extensions>=4.10.
-# Needs python3 with pip, tar, split and sha256sum.
+# Needs python3 with pip, tar, split, numfmt and sha256sum.
 set -eu
 cudnn_ver=1.32.0 dsl_ver=4.8.1 tvm_ver=0.1.11
 part_mib=${PART_MIB:-54}
@@ -39,15 +40,20 @@ root=$(git rev-parse --show-toplevel)
 dst="$root/.cudnn"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-out="$tmp/out"   # moved to .cudnn/ once complete
-mkdir -p "$out" "$tmp/dl"
+out="$tmp/out"   # written by parts.sh cut, moved to .cudnn/ once complete
+mkdir -p "$tmp/dl"
 
+if [ -n "${CUDNN_WHEELS:-}" ]; then
+  echo "== the wheels in $CUDNN_WHEELS"
+  (cd "$CUDNN_WHEELS" && cp -- *.whl "$tmp/dl/")
+else
 echo "== downloading wheels"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform any -d "$tmp/dl" "nvidia-cudnn-frontend==$cudnn_ver" "nvidia-cutlass-dsl==$dsl_ver" \
   "nvidia-cutlass-dsl-libs-base==$dsl_ver" "nvidia-cutlass-dsl-libs-core==$dsl_ver" \
   "nvidia-cutlass-dsl-libs-cu13==$dsl_ver" "apache-tvm-ffi==$tvm_ver"
+fi
 # The exact files measured above; a version bump must update these lines (and the sizes).
 cat > "$tmp/WHEELS.sha256" <<'SUMS'
 8b354a8e550c083eb247f1eb39a7d69a4a269075f5a01e4fcbd2531680b17239  nvidia_cudnn_frontend-1.32.0-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
@@ -65,16 +71,7 @@ echo "== one tar, cut into parts of at most $part_mib MiB"
 # A tar whose bytes depend only on the wheels (names sorted, owner and times fixed), so the parts' sums
 # are the same on every run.
 tar -C "$tmp/dl" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf "$tmp/wheels.tar" .
-split -b "${part_mib}M" -d -a 1 "$tmp/wheels.tar" "$tmp/wheels.tar.part"
-parts=$(ls "$tmp"/wheels.tar.part* | wc -l)
-n=0
-for p in "$tmp"/wheels.tar.part*; do
-  n=$((n + 1)); mkdir -p "$out/$n"; mv "$p" "$out/$n/wheels.tar.part$((n - 1))"
-done
-{
-  (cd "$out" && for d in $(seq 1 "$parts"); do (cd "$d" && sha256sum -- wheels.tar.part*); done)
-  sed 's/^/wheel /' "$tmp/WHEELS.sha256"
-} > "$tmp/SHA256SUMS"
+sed 's/^/wheel /' "$tmp/WHEELS.sha256" > "$tmp/wheel-sums"  # in each part's SHA256SUMS, read by unpack.sh
 
 cat > "$tmp/unpack.sh" <<'EOF'
 #!/usr/bin/env bash
@@ -82,36 +79,23 @@ cat > "$tmp/unpack.sh" <<'EOF'
 # network; python3 with pip and torch). From the project root, one run per part, the runs following
 # one another (before the host clears /tmp):
 #   bash .cudnn/N/unpack.sh [DIR]      (DIR defaults to /tmp/cudnn)
-# Keeps this part in DIR/parts; once every part is there, checks them, installs the wheels into DIR/site
-# (pip install --no-index --no-deps --target) and writes DIR/env.sh, the exports a command runs before
-# importing cudnn: . DIR/env.sh. CUDNN_PYTHON picks the python.
+# Keeps this part in DIR/parts (parts.sh join, beside this script); once every part is there, joins them
+# into DIR/wheels.tar (checked), checks the wheels, installs them into DIR/site (pip install --no-index
+# --no-deps --target) and writes DIR/env.sh, the exports a command runs before importing cudnn:
+# . DIR/env.sh. CUDNN_PYTHON picks the python.
 set -eu
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 T=$(mkdir -p "${1:-/tmp/cudnn}" && cd "${1:-/tmp/cudnn}" && pwd)
 PY=${CUDNN_PYTHON:-python3}
 [ "$T" != / ] || { echo "unpack.sh: refusing to unpack into /" >&2; exit 1; }
 if [ -f "$T/env.sh" ] && [ -d "$T/site/cudnn" ]; then echo "cudnn already unpacked in $T: . $T/env.sh"; exit 0; fi
-mkdir -p "$T/parts"
-grep -v '^wheel ' "$here/SHA256SUMS" > "$T/parts/SHA256SUMS"
-for p in "$here"/wheels.tar.part*; do
-  (cd "$here" && grep " $(basename "$p")\$" SHA256SUMS | sha256sum -c --quiet) ||
-    { echo "unpack.sh: $p is damaged" >&2; exit 1; }
-  cp "$p" "$T/parts/"
-done
-want=$(wc -l < "$T/parts/SHA256SUMS")
-have=$(ls "$T/parts"/wheels.tar.part* 2>/dev/null | wc -l)
-if [ "$have" -lt "$want" ]; then
-  echo "kept $(basename "$here")/$(ls "$here" | grep wheels.tar.part) in $T/parts ($have of $want parts; missing:" \
-    "$(cd "$T/parts" && sha256sum -c SHA256SUMS 2>/dev/null | grep -v ': OK$' | cut -d: -f1 | xargs))." \
-    "Run the other parts' unpack.sh next, before the host clears /tmp"
-  exit 0
-fi
-(cd "$T/parts" && sha256sum -c --quiet SHA256SUMS) || { echo "unpack.sh: a part in $T/parts is damaged" >&2; exit 1; }
+rc=0; bash "$here/parts.sh" join "$here" "$T" || rc=$?  # keeps this part; 10: others still missing
+[ "$rc" != 10 ] || exit 0
+[ "$rc" = 0 ] || exit "$rc"
 rm -rf "$T/wheels" "$T/site"; mkdir -p "$T/wheels" "$T/ws"
-cat $(ls "$T/parts"/wheels.tar.part* | sort -V) | tar -C "$T/wheels" -xf -
+tar -C "$T/wheels" -xf "$T/wheels.tar"
 sed -n 's/^wheel //p' "$here/SHA256SUMS" | (cd "$T/wheels" && sha256sum -c --quiet) ||
   { echo "unpack.sh: a wheel does not match its sum" >&2; exit 1; }
-rm -rf "$T/parts"
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$T/site" "$T/wheels"/*.whl
 rm -rf "$T/wheels"
 # nvidia_cutlass_dsl_packages.pth would put dsl_packages on sys.path in a site directory; --target is none.
@@ -128,11 +112,11 @@ import cudnn, cutlass, tvm_ffi
 print(f"cudnn {cudnn.__version__}, cutlass-dsl {cutlass.__version__}, tvm_ffi {tvm_ffi.__version__}")
 PYEOF
 mv "$T/env.sh.new" "$T/env.sh"  # only a checked install counts as unpacked
+rm -f "$T/wheels.tar"
 echo "cudnn unpacked into $T ($(du -sh "$T/site" | cut -f1)); before importing cudnn run: . $T/env.sh"
 cat "$T/env.sh"
 EOF
-chmod +x "$tmp/unpack.sh"
-for d in $(seq 1 "$parts"); do cp "$tmp/unpack.sh" "$tmp/SHA256SUMS" "$out/$d/"; done
+parts=$(bash "$root/bench/parts.sh" cut "$tmp/wheels.tar" "$out" "${part_mib}M" "$tmp/wheel-sums" "$tmp/unpack.sh")
 
 {
   echo "cuDNN frontend's DSA indexer top-k, staged by bench/stage_cudnn.sh: $parts parts, one run each, in order:"

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Stage vLLM 0.33's kernel libraries (the staged .vllm/: _C_stable_libtorch.abi3.so.xz, 60.4 MiB, and
+# _deepselect_C.abi3.so.xz, 2 MiB, with VERSION) for an offline GPU host that takes the working tree and
+# at most about 64 MiB with it per run: too much for one run beside the tree. Run from the project root
+# after .vllm/ was staged (nothing is downloaded):
+#   bash bench/stage_vllm.sh
+# It writes .vllm-parts/ (git-ignored, replaced on each run): one tar of the two .xz files and VERSION cut
+# by bench/parts.sh into parts of at most $PART_MIB MiB (default 54), part N in .vllm-parts/N/ with
+# unpack.sh, parts.sh and SHA256SUMS (the parts', the tar's and the decompressed libraries'), and
+# MANIFEST.txt. Each part travels in a run of its own; unpack.sh keeps the parts in /tmp/vllm/parts and,
+# once it has them all, decompresses the libraries to where bench/fidelity_gpu.sh reads them,
+# /tmp/vllm/_C_stable_libtorch.abi3.so and /tmp/vllm/_deepselect_C.abi3.so, each checked against the
+# sha256 of `xz -dc` of its .xz here. Where the host clears /tmp soon after a run, the runs must follow
+# one another (.vllm itself stays behind; GPU_TESTS=none: no kernel tests, see fidelity_gpu.sh):
+#   run 1, with .vllm-parts/1 in the tree:          bash .vllm-parts/1/unpack.sh
+#   run 2, with .vllm-parts/2 and .whl in the tree: bash .vllm-parts/2/unpack.sh &&
+#                                                   GPU_TESTS=none bash bench/fidelity_gpu.sh indexer,indexer-decode
+# Later runs on the same host (before it clears /tmp) need neither part: fidelity_gpu.sh finds the files.
+# Needs tar, xz, split, numfmt and sha256sum.
+set -euo pipefail
+part_mib=${PART_MIB:-54}
+root=$(git rev-parse --show-toplevel)
+src="$root/.vllm"
+dst="$root/.vllm-parts"
+libs="_C_stable_libtorch.abi3.so _deepselect_C.abi3.so"
+for f in $libs; do
+  [ -f "$src/$f.xz" ] || { echo "stage_vllm: no $src/$f.xz (stage vLLM's libraries in .vllm/ first)" >&2; exit 1; }
+done
+[ -f "$src/VERSION" ] || { echo "stage_vllm: no $src/VERSION" >&2; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out="$tmp/out"   # written by parts.sh cut, moved to .vllm-parts/ once complete
+mkdir -p "$tmp/payload"
+
+echo "== checking and summing the libraries ($(cat "$src/VERSION"))"
+for f in $libs; do
+  xz -t "$src/$f.xz"
+  echo "lib $(xz -dc "$src/$f.xz" | sha256sum | cut -c1-64)  $f"
+  cp "$src/$f.xz" "$tmp/payload/"
+done > "$tmp/lib-sums"   # in each part's SHA256SUMS, read by unpack.sh
+cp "$src/VERSION" "$tmp/payload/"
+cat "$tmp/lib-sums"
+
+echo "== one tar, cut into parts of at most $part_mib MiB"
+# A tar whose bytes depend only on the files (names sorted, owner and times fixed), so the parts' sums are
+# the same on every run.
+tar -C "$tmp/payload" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf "$tmp/vllm.tar" .
+
+cat > "$tmp/unpack.sh" <<'EOF'
+#!/usr/bin/env bash
+# One part of vLLM's kernel libraries, staged by bench/stage_vllm.sh, on the GPU host (no network). From
+# the project root, one run per part, the runs following one another (before the host clears /tmp):
+#   bash .vllm-parts/N/unpack.sh [DIR]      (DIR defaults to /tmp/vllm, where bench/fidelity_gpu.sh reads)
+# Keeps this part in DIR/parts (parts.sh join, beside this script); once every part is there, joins them
+# into DIR/vllm.tar (checked) and decompresses DIR/_C_stable_libtorch.abi3.so and
+# DIR/_deepselect_C.abi3.so, each checked against its sum before it takes its name, and DIR/VERSION.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+T=$(mkdir -p "${1:-/tmp/vllm}" && cd "${1:-/tmp/vllm}" && pwd)
+[ "$T" != / ] || { echo "unpack.sh: refusing to unpack into /" >&2; exit 1; }
+sums=$(sed -n 's/^lib //p' "$here/SHA256SUMS")
+[ -n "$sums" ] || { echo "unpack.sh: $here/SHA256SUMS lists no library" >&2; exit 1; }
+if (cd "$T" && printf '%s\n' "$sums" | sha256sum -c --quiet --strict) > /dev/null 2>&1; then
+  echo "vLLM's libraries already unpacked in $T ($(cat "$T/VERSION" 2>/dev/null))"; exit 0
+fi
+rc=0; bash "$here/parts.sh" join "$here" "$T" || rc=$?  # keeps this part; 10: others still missing
+[ "$rc" != 10 ] || exit 0
+[ "$rc" = 0 ] || exit "$rc"
+rm -rf "$T/xz"; mkdir -p "$T/xz"
+tar -C "$T/xz" -xf "$T/vllm.tar"
+printf '%s\n' "$sums" | while read -r sum name; do
+  xz -dc "$T/xz/$name.xz" > "$T/.$name.new"
+  [ "$(sha256sum < "$T/.$name.new" | cut -c1-64)" = "$sum" ] ||
+    { rm -f "$T/.$name.new"; echo "unpack.sh: $name does not match its sum" >&2; exit 1; }
+  mv "$T/.$name.new" "$T/$name"
+done
+cp "$T/xz/VERSION" "$T/VERSION"
+rm -rf "$T/xz" "$T/vllm.tar"
+echo "vLLM's libraries ($(cat "$T/VERSION")) unpacked into $T, sha256 checked:"
+(cd "$T" && printf '%s\n' "$sums" | while read -r _ name; do echo "  $(stat -c %s "$name")  $T/$name"; done)
+echo "next: bash bench/fidelity_gpu.sh SUITES (it reads them there)"
+EOF
+parts=$(bash "$root/bench/parts.sh" cut "$tmp/vllm.tar" "$out" "${part_mib}M" "$tmp/lib-sums" "$tmp/unpack.sh")
+
+{
+  echo "vLLM's kernel libraries, staged by bench/stage_vllm.sh: $parts parts, one run each, in order:"
+  for d in $(seq 1 "$parts"); do
+    echo "  run $d, with .vllm-parts/$d$([ "$d" = "$parts" ] && echo ' and .whl') in the tree: bash .vllm-parts/$d/unpack.sh$(
+      [ "$d" = "$parts" ] && echo ' && GPU_TESTS=none bash bench/fidelity_gpu.sh indexer,indexer-decode')"
+  done
+  echo "$(cat "$src/VERSION"); files (bytes, sha256):"
+  (cd "$tmp/payload" && for f in *; do echo "  $(stat -c %s "$f")  $(sha256sum "$f" | cut -c1-64)  $f"; done)
+  echo "decompressed (sha256):"
+  sed 's/^lib /  /' "$tmp/lib-sums"
+} > "$out/MANIFEST.txt"
+
+rm -rf "$dst"; mv "$out" "$dst"
+
+echo; (cd "$dst" && find . -type f | sort | xargs ls -l | awk '{printf "%12d  %s\n", $5, $NF}')
+big=$(find "$dst" -type f -size +"${part_mib}"M)
+[ -z "$big" ] || { echo "stage_vllm: a part is over $part_mib MiB: $big" >&2; exit 1; }
+echo; cat "$dst/MANIFEST.txt"
+cat <<MSG
+
+Each run takes one part (with the working tree: keep each under 64 MiB; leave .vllm out of the carry).
+After the last, bench/fidelity_gpu.sh finds the libraries in /tmp/vllm.
+MSG
