@@ -456,12 +456,35 @@ def codecs(root: Path) -> str:
 
 # ---- bench/FIDELITY.md and docs/reliability.md: their scripts' own tables ----
 
+def fidelity_block(root: Path, folder: str, suites: tuple[str, ...]) -> str:
+    """bench/fidelity.py's tables of `suites` from one results folder, and where each file came from."""
+    lines, env = fidelity.tables(root / RESULTS / folder, suites)
+    return "\n".join([*lines, "", *(source(root, f"{folder}/{name}", env) + "\n"
+                                    for name in (*(f"{s}.json" for s in suites), "copy.json"))]).rstrip()
+
+
 @claim("fidelity-decode")
 def fidelity_decode(root: Path) -> str:
-    folder = "h200-2026-12-01"
-    lines, env = fidelity.tables(root / RESULTS / folder)
-    return "\n".join([*lines, "", *(source(root, f"{folder}/{name}", env) + "\n"
-                                    for name in ("decode.json", "decode-bf16.json", "copy.json"))]).rstrip()
+    return fidelity_block(root, "h200-2026-12-01", ("decode", "decode-bf16"))
+
+
+# Issue 28's suites: the results folder of each one's committed `bash bench/fidelity_gpu.sh
+# indexer,indexer-decode` run (its SUITE.json, copy.json and commands.json), None until one is committed.
+FIDELITY_RUNS: dict[str, str | None] = {"indexer": None, "indexer-decode": None}
+
+
+def fidelity_suite(root: Path, suite: str) -> str:
+    folder = FIDELITY_RUNS[suite]
+    if folder is None:
+        return (f"Not measured yet: no `{suite}` run of bench/fidelity.py is committed. After `bash "
+                "bench/fidelity_gpu.sh indexer,indexer-decode` on a GPU (bench/stage_vllm.sh says how its "
+                f"libraries get there), commit its output under {RESULTS}/<hardware>-<date>/ with a "
+                f"commands.json, name that folder in FIDELITY_RUNS in bench/claims.py and run `make claims`.")
+    return fidelity_block(root, folder, (suite,))
+
+
+for _suite in FIDELITY_RUNS:
+    claim(f"fidelity-{_suite}")(functools.partial(fidelity_suite, suite=_suite))
 
 
 RELIABILITY = {"cpu-2026-12-02/cpu-junit.xml": False, "h200-2026-11-29/gpu-junit.xml": True}

@@ -7,10 +7,11 @@ suites (full scale: width 163840, batch 1-256, next_n 1 and 2, sequence lengths 
 bundled `native`, `deepselect` and `split` next to vLLM 0.33's kernels loaded from the staged libraries
 (`vllm-native@LIB`, the decode kernels and `vllm-auto`, `vllm-deepselect@DSLIB`), measures the adapters'
 staging copy alone (same protocol), and writes bench/FIDELITY.md: per case our time, upstream's time, the
-copy, ratio = ours / (upstream - copy), hardware, date, command. Decode cases compare `split` (the
-bundled decode path) and native with the best of vLLM's decode kernels; vLLM runs those on float32 only
-(its bf16 decode path, DeepSelect, has SM100 code only), so a bf16 case is compared with the best vLLM
-kernel on the float32 case of the same shape, which is what production runs there.
+copy, ratio = ours / (upstream - copy), hardware, date, command, and every case left without a ratio.
+Decode cases compare `split` (the bundled decode path) and native with the best of vLLM's decode kernels;
+vLLM runs those on float32 only (its bf16 decode path, DeepSelect, has SM100 code only), so a bf16 case is
+compared with the best vLLM kernel on the float32 case of the same shape, which is what production runs
+there.
 
     python bench/fidelity.py --lib $VLLM_LIBS/_C_stable_libtorch.abi3.so --ds-lib $VLLM_LIBS/_deepselect_C.abi3.so \\
         --out out/fidelity --md bench/FIDELITY.md
@@ -33,7 +34,16 @@ import numpy as np
 CLI = "import sys; from logitreplay.cli import main; sys.exit(main())"
 TOLERANCE = 0.05
 DECODE_TARGET = 1.25  # split within 1.25x of the best vLLM decode kernel
+# The suites this script replays and scores: prefill suites with native and deepselect beside vLLM's
+# prefill kernel and DeepSelect, decode suites with split (and native, deepselect) beside vLLM's decode
+# kernels too; `own` (our own cases, prefill and decode shapes) with the decode set.
+PREFILL_SUITES = ("seed-controls", "stress", "indexer")
 DECODE_SUITES = ("decode", "decode-bf16", "indexer-decode")
+SUITES = (*PREFILL_SUITES, "own", *DECODE_SUITES)
+# What a decode table's heading says of its suite's sequence lengths (synth.py's recipes).
+DECODE_LENGTHS = {"decode": "sequence lengths mixed 1K-128K", "decode-bf16": "sequence lengths mixed 1K-128K",
+                  "indexer-decode": "sequence lengths mixed 1K-160K, one batch all 32K",
+                  "own": "sequence lengths 2K-128K"}
 DECODE_WIDTH = 163840
 # vLLM 0.33's decode kernels, whose best time is split's reference (also bench/deepselect_tune.py's).
 VLLM_DECODE = ("vllm-decode", "vllm-persistent", "vllm-cooperative")
@@ -110,16 +120,36 @@ def copy_costs(out: Path, shapes: set[tuple[int, int]]) -> None:
     path.write_text(json.dumps(costs, indent=1))
 
 
+def selectors(suite: str, lib: str, ds: str) -> str:
+    """The `--selectors` of a suite's replay: the prefill set for a prefill suite, the decode set (split
+    and vLLM's decode kernels added) for a decode suite and for our own cases."""
+    if suite not in SUITES:
+        raise ValueError(f"suite {suite!r}: this script scores {', '.join(SUITES)}")
+    if suite in PREFILL_SUITES:
+        return f"native,deepselect,vllm-native@{lib},vllm-deepselect@{ds}"
+    return (f"split,native,deepselect,vllm-native@{lib},vllm-decode@{lib},vllm-persistent@{lib},"
+            f"vllm-cooperative@{lib},vllm-auto@{lib},vllm-deepselect@{ds},flashinfer")
+
+
+def as_recorded(words: list[str], lib: str, ds: str) -> str:
+    """A command as commands.json records it: the libraries' folder as $VLLM_LIBS (where both share one)."""
+    text = " ".join(words)
+    folder = str(Path(lib).parent)
+    return text.replace(folder + "/", "$VLLM_LIBS/") if folder == str(Path(ds).parent) else text
+
+
 def run(args: argparse.Namespace) -> None:
     from logitreplay.archive import Archive
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     lib, ds = args.lib, args.ds_lib
-    prefill = f"native,deepselect,vllm-native@{lib},vllm-deepselect@{ds}"
-    decode = (f"split,native,deepselect,vllm-native@{lib},vllm-decode@{lib},vllm-persistent@{lib},"
-              f"vllm-cooperative@{lib},vllm-auto@{lib},vllm-deepselect@{ds},flashinfer")
     suites = args.suites.split(",")
+    try:
+        for suite in suites:
+            selectors(suite, lib, ds)  # every suite known before the first replay
+    except ValueError as e:
+        sys.exit(f"fidelity.py: {e}")
     commands = {}
     for suite in suites:
         if suite == "own":
@@ -128,11 +158,10 @@ def run(args: argparse.Namespace) -> None:
                 archive = Archive.create(own)
                 for case in own_cases():
                     archive.write(case)
-            commands[f"{suite}.json"] = replay(out, "own", [str(own)], decode)
-        elif suite in DECODE_SUITES:
-            commands[f"{suite}.json"] = replay(out, suite, ["--suite", suite, "--scale", "full"], decode)
+            commands[f"{suite}.json"] = replay(out, "own", [str(own)], selectors(suite, lib, ds))
         else:
-            commands[f"{suite}.json"] = replay(out, suite, ["--suite", suite, "--scale", "full"], prefill)
+            commands[f"{suite}.json"] = replay(out, suite, ["--suite", suite, "--scale", "full"],
+                                               selectors(suite, lib, ds))
     shapes = {(c["rows"], c["top_k"]) for name in suites
               for c in json.loads((out / f"{name}.json").read_text())["cases"]}
     copy_costs(out, shapes)
@@ -140,7 +169,7 @@ def run(args: argparse.Namespace) -> None:
     # By file, as bench/claims.py reads a results folder's commands.json.
     path = out / "commands.json"
     known = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**known, **{k: " ".join(v) for k, v in commands.items()}}, indent=1))
+    path.write_text(json.dumps({**known, **{k: as_recorded(v, lib, ds) for k, v in commands.items()}}, indent=1))
 
 
 def _results(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -183,10 +212,11 @@ def best_decode_us(case: dict[str, Any]) -> float | None:
     return min(times) if times else None
 
 
-def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
-    """The tables, declined reasons, decode ratios and misses of the suites whose JSON is in `out` (with the
+def tables(out: Path, suites: tuple[str, ...] = SUITES) -> tuple[list[str], dict[str, Any]]:
+    """The tables, declined reasons, ratios and misses of those of `suites` whose JSON is in `out` (with the
     adapters' copy costs, copy.json), and the environment of the last suite read. bench/claims.py renders
-    them into bench/FIDELITY.md from the committed runs; `report` writes them with a header after a run."""
+    them into bench/FIDELITY.md from the committed runs, a block per run; `report` writes them with a
+    header after a run."""
     copy = json.loads((out / "copy.json").read_text())
     lines: list[str] = []
     misses: list[str] = []
@@ -199,7 +229,10 @@ def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
     why: dict[str, set[str]] = {}  # unsupported: the reasons, by selector
     best_fp32: dict[str, float] = {}  # a float32 decode case's best vLLM time, for its bf16 twin
     split_ratios: list[float] = []
-    for suite in ("seed-controls", "stress", "indexer", "own", *DECODE_SUITES):
+    native_ratios: list[float] = []
+    unscored: list[str] = []  # cases whose ratio a missing or failed result left out
+    lengths: list[str] = []  # the decode suites' sequence lengths, for the heading
+    for suite in (x for x in SUITES if x in suites):
         if not (out / f"{suite}.json").is_file():
             continue
         cases, env = _results(out / f"{suite}.json")
@@ -208,6 +241,8 @@ def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
             cp = copy.get(key)
             nat, up = _by_prefix(c, "native"), _by_prefix(c, "vllm-native")
             if c.get("kind") == "decode" or c["case_id"].startswith("decode-"):
+                if DECODE_LENGTHS.get(suite) and DECODE_LENGTHS[suite] not in lengths:
+                    lengths.append(DECODE_LENGTHS[suite])
                 fastest = best_decode_us(c)
                 best = fastest - cp if fastest is not None and cp is not None else None
                 twin = c["case_id"].replace("-bf16", "")
@@ -222,6 +257,8 @@ def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
                     ratio = f"{r:.2f}" + ("" if r <= DECODE_TARGET else " **miss**")
                     if r > DECODE_TARGET:
                         misses.append(f"{suite}/{c['case_id']}: split {r:.2f}x best vLLM")
+                else:
+                    unscored.append(f"{suite}/{c['case_id']}")
                 auto = _by_prefix(c, "vllm-auto")
                 decode_rows.append("| " + " | ".join([
                     c["case_id"], _us(split), _us(nat), _us(_by_prefix(c, "deepselect")),
@@ -232,26 +269,35 @@ def tables(out: Path) -> tuple[list[str], dict[str, Any]]:
             ratio = "-"
             if _t(nat) is not None and _t(up) is not None and cp is not None:
                 r = _t(nat) / (_t(up) - cp)  # type: ignore[operator]
+                native_ratios.append(r)
                 ratio = f"{r:.3f}" + ("" if abs(r - 1) <= TOLERANCE else " **miss**")
                 if abs(r - 1) > TOLERANCE:
                     misses.append(f"{suite}/{c['case_id']}: {r:.3f}")
+            elif _t(up) is not None or up is None or up["status"] != "unsupported":
+                unscored.append(f"{suite}/{c['case_id']}")  # not a case vLLM declines (bf16): a result missing
             row = [_us(nat), _us(up, why), f"{cp:.1f}" if cp is not None else "-", ratio,
                    _us(_by_prefix(c, "deepselect")), _us(_by_prefix(c, "vllm-deepselect"), why)]
             prefill_rows.append(f"| {suite} | {c['case_id']} | " + " | ".join(row) + " |")
     if len(prefill_rows) > 2:
         lines += [*prefill_rows, ""]
     if len(decode_rows) > 2:
-        lines += ["Decode shapes (width 163840, sequence lengths mixed 1K-128K): *best vLLM* is the fastest of "
+        lines += [f"Decode shapes (width {DECODE_WIDTH}{''.join(', ' + x for x in lengths)}): *best vLLM* is the fastest of "
                   "vLLM's three decode kernels less the copy (for a bf16 case: on its float32 twin, since vLLM's "
                   f"decode kernels read float32 on this GPU); target for `split`: within {DECODE_TARGET}x.", "",
                   *decode_rows, ""]
     if why:
         lines += ["*n/a*: the selector declined the case (unsupported, nothing timed): " + "; ".join(
             f"{name}: {', '.join(sorted(reasons))}" for name, reasons in sorted(why.items())) + ".", ""]
+    if native_ratios:
+        lines += [f"native / (vLLM - copy) over {len(native_ratios)} prefill cases: {min(native_ratios):.3f}-"
+                  f"{max(native_ratios):.3f}, {sum(abs(r - 1) <= TOLERANCE for r in native_ratios)} within "
+                  f"+-{TOLERANCE:.0%}.", ""]
     if split_ratios:
         lines += [f"split / best vLLM over {len(split_ratios)} decode cases: {min(split_ratios):.2f}-"
                   f"{max(split_ratios):.2f}, {sum(r <= DECODE_TARGET for r in split_ratios)} within "
                   f"{DECODE_TARGET}x.", ""]
+    if unscored:
+        lines += ["Not scored (a result of ours or vLLM's missing, failed or untimed): " + "; ".join(unscored) + ".", ""]
     lines += ["Misses (prefill: native outside +-5% of vLLM's prefill kernel; decode: split above "
               f"{DECODE_TARGET}x the best vLLM decode kernel): " + ("; ".join(misses) if misses else "none.")]
     return lines, env
@@ -282,7 +328,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--md", type=Path, default=Path("bench/FIDELITY.md"))
     p.add_argument("--scratch", default="/tmp", help="where the archive of our own cases is written")
-    p.add_argument("--suites", default="seed-controls,stress,own", help="what to replay (own: our own cases)")
+    p.add_argument("--suites", default="seed-controls,stress,own",
+                   help=f"what to replay, of {','.join(SUITES)} (own: our own cases)")
     p.add_argument("--no-run", action="store_true", help="only write the report from --out's JSON")
     args = p.parse_args()
     if not args.no_run:

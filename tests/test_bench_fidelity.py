@@ -74,3 +74,57 @@ def test_decode_verdicts_use_the_best_vllm_kernel_less_the_copy_and_the_fp32_twi
     note = next(line for line in text.splitlines() if line.startswith("*n/a*"))
     assert "cooperative_topk takes at most 64" in note and "65 rows" not in note
     assert "over 3 decode cases: 0.84-1.30, 2 within 1.25x" in text
+
+
+def test_each_suite_replays_with_its_selectors(fidelity: ModuleType) -> None:
+    lib, ds = "/libs/_C_stable_libtorch.abi3.so", "/libs/_deepselect_C.abi3.so"
+    prefill = fidelity.selectors("indexer", lib, ds).split(",")
+    assert prefill == ["native", "deepselect", f"vllm-native@{lib}", f"vllm-deepselect@{ds}"]
+    assert fidelity.selectors("seed-controls", lib, ds) == fidelity.selectors("indexer", lib, ds)
+    decode = fidelity.selectors("indexer-decode", lib, ds).split(",")
+    assert decode[0] == "split" and "native" in decode
+    assert {f"{name}@{lib}" for name in fidelity.VLLM_DECODE} <= set(decode)
+    assert fidelity.selectors("decode", lib, ds) == fidelity.selectors("indexer-decode", lib, ds)
+    with pytest.raises(ValueError, match="scores"):
+        fidelity.selectors("seed-controls-bf16", lib, ds)  # replayed, it would land in no table
+    shown = fidelity.as_recorded(["logitreplay", "replay", "--selectors", f"vllm-native@{lib},vllm-deepselect@{ds}"],
+                                 lib, ds)
+    assert shown == ("logitreplay replay --selectors vllm-native@$VLLM_LIBS/_C_stable_libtorch.abi3.so,"
+                     "vllm-deepselect@$VLLM_LIBS/_deepselect_C.abi3.so")
+
+
+def test_the_indexer_suites_are_scored_one_suite_at_a_time(fidelity: ModuleType, tmp_path: Path) -> None:
+    lib = "@$VLLM_LIBS/_C_stable_libtorch.abi3.so"
+    prefill = [dict(_case(f"v32-indexer-c{c}-r512-k2048", "float32", [
+        _result("native", nat), _result("vllm-native" + lib, up), _result("deepselect", 90.0)]), kind="prefill", rows=512)
+        for c, nat, up in ((8192, 50.0, 52.0), (65536, 100.0, 112.0))]
+    prefill.append(dict(_case("v32-indexer-c131072-r512-k2048", "float32", [
+        _result("native", status="failed", reason="check 2"), _result("vllm-native" + lib, 200.0)]),
+        kind="prefill", rows=512))
+    decode = [dict(_case("v32-indexer-c163840-b512-n1-k2048-long", "float32", [
+        _result("split", 40.0), _result("native", 80.0), _result("vllm-persistent" + lib, 32.0),
+        _result("vllm-cooperative" + lib, status="unsupported", reason="512 rows: cooperative_topk takes at most 64")]),
+        rows=512)]
+    for name, cases in (("indexer", prefill), ("indexer-decode", decode), ("decode", decode)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"cases": cases, "environment": {"gpu": "GPU X"}}))
+    (tmp_path / "copy.json").write_text(json.dumps({"512x2048": 2.0}))
+
+    lines, _ = fidelity.tables(tmp_path, ("indexer",))
+    text = "\n".join(lines)
+    # native / (vLLM - copy): 50 / 50 = 1.000 within; 100 / 110 = 0.909 a miss.
+    assert "| indexer | v32-indexer-c8192-r512-k2048 | 50.0 | 52.0 | 2.0 | 1.000 |" in text
+    assert "0.909 **miss**" in text and "indexer/v32-indexer-c65536-r512-k2048: 0.909" in text
+    assert "over 2 prefill cases: 0.909-1.000, 1 within +-5%." in text
+    assert "Decode shapes" not in text and "split" not in text.split("Misses")[0]
+    # A case without a ratio is named, not passed over: "every case" stays checkable.
+    assert "Not scored (a result of ours or vLLM's missing, failed or untimed): indexer/v32-indexer-c131072" in text
+
+    lines, _ = fidelity.tables(tmp_path, ("indexer-decode",))
+    text = "\n".join(lines)
+    assert "prefill cases" not in text and "| indexer |" not in text and "Not scored" not in text
+    assert "width 163840, sequence lengths mixed 1K-160K, one batch all 32K" in text
+    row = next(line for line in lines if line.startswith("| v32-indexer"))
+    assert row.split(" | ")[9:11] == ["30.0", "1.33 **miss**"]  # split 40 against persistent 32 - 2
+    assert "over 1 decode cases: 1.33-1.33, 0 within 1.25x" in text
+    assert "indexer-decode/v32-indexer-c163840-b512-n1-k2048-long: split 1.33x" in text
+    assert "decode/v32" not in text.replace("indexer-decode/v32", "")  # decode.json in the folder is not read

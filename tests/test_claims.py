@@ -105,3 +105,46 @@ def test_a_table_states_its_command_hardware_and_date(claims: ModuleType) -> Non
     assert "2026-12-02" in out and "NVIDIA H200" in out and "logitreplay replay --device cuda" in out
     with pytest.raises(claims.ClaimsError, match="no command recorded"):
         claims.source(ROOT, "h200-2026-12-02/not-a-run.json")
+
+
+def test_a_committed_indexer_fidelity_run_renders_with_one_mapping_edit(claims: ModuleType, tree: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until bench/fidelity_gpu.sh's indexer run is committed its blocks say so; naming its results folder in
+    FIDELITY_RUNS renders each suite's table (and only that suite's) with its source lines."""
+    import json
+
+    doc = tree / "bench/FIDELITY.md"
+    for suite in ("indexer", "indexer-decode"):
+        assert f"no `{suite}` run of bench/fidelity.py is committed" in claims.RENDERERS[f"fidelity-{suite}"](tree)
+    folder = tree / claims.RESULTS / "h200-2099-01-01"
+    folder.mkdir()
+    lib = "@$VLLM_LIBS/_C_stable_libtorch.abi3.so"
+    env = {"gpu": "NVIDIA H200", "sm_count": 132, "driver": "580.159.04", "cuda_runtime": "13.0", "torch": "2.11.0"}
+
+    def result(selector: str, us: float) -> dict[str, object]:
+        return {"selector": selector, "status": "ok", "reason": None, "timing": {"median_us": us}}
+
+    prefill = {"case_id": "v32-indexer-c8192-r2048-k2048", "rows": 2048, "top_k": 2048, "dtype": "float32",
+               "kind": "prefill", "results": [result("native", 63.0), result("vllm-native" + lib, 70.0)]}
+    decode = {"case_id": "v32-indexer-c163840-b8-n1-k2048-long", "rows": 8, "top_k": 2048, "dtype": "float32",
+              "kind": "decode", "results": [result("split", 23.0), result("vllm-cooperative" + lib, 21.8)]}
+    for name, case in (("indexer", prefill), ("indexer-decode", decode)):
+        (folder / f"{name}.json").write_text(json.dumps({"cases": [case], "environment": env}))
+    (folder / "copy.json").write_text(json.dumps({"2048x2048": 7.0, "8x2048": 1.8}))
+    (folder / "commands.json").write_text(json.dumps({
+        "indexer.json": "logitreplay replay --suite indexer --scale full",
+        "indexer-decode.json": "logitreplay replay --suite indexer-decode --scale full",
+        "copy.json": "python bench/fidelity.py --suites indexer,indexer-decode"}))
+    monkeypatch.setitem(claims.FIDELITY_RUNS, "indexer", "h200-2099-01-01")
+    monkeypatch.setitem(claims.FIDELITY_RUNS, "indexer-decode", "h200-2099-01-01")
+    assert claims.main(["--root", str(tree)]) == 0
+    text = doc.read_text()
+    block = text[text.index("<!-- claims: fidelity-indexer -->"):text.index("<!-- claims: fidelity-indexer-decode -->")]
+    assert "| indexer | v32-indexer-c8192-r2048-k2048 | 63.0 | 70.0 | 7.0 | 1.000 |" in block
+    assert "Data: `bench/results/h200-2099-01-01/indexer.json` (2099-01-01, NVIDIA H200" in block
+    assert "indexer-decode.json" not in block and "Decode shapes" not in block
+    decode_block = text[text.index("<!-- claims: fidelity-indexer-decode -->"):]
+    decode_block = decode_block[:decode_block.index("<!-- /claims -->")]
+    assert "| 1.8 | 20.0 | 1.15 |" in decode_block and "Misses" in decode_block and "none." in decode_block
+    assert "Data: `bench/results/h200-2099-01-01/copy.json`" in decode_block
+    assert claims.main(["--check", "--root", str(tree)]) == 0
