@@ -23,10 +23,12 @@ archive's read; cached in --out/features.json), evaluates it case by case on the
 (default: the same ones), and writes rule.json and fit.md (per suite: cases within 3%, worst ratio,
 against the width rule alone; per case: the choice and the feature or width that decided it):
 
-    .venv/bin/python bench/decisions.py --fit bench/results/h200-2026-12-02/seed-controls.json \
-        bench/results/h200-2026-12-02/decisions/fit-seed-controls-bf16.json \
-        bench/results/h200-2026-12-01/decisions/auto-stress.json bench/results/h200-2026-12-01/decode.json \
-        bench/results/h200-2026-12-01/decode-bf16.json --out bench/results/h200-2026-12-02/auto-fit
+    R2=bench/results/h200-2026-12-02 R3=bench/results/h200-2026-12-03
+    .venv/bin/python bench/decisions.py --fit $R2/seed-controls.json $R2/decisions/fit-seed-controls-bf16.json \
+        $R2/peers-decode.json $R2/peers-decode-bf16.json $R3/peers-stress.json $R3/peers-indexer.json \
+        $R3/peers-indexer-decode.json --out $R3/auto-fit
+
+(A cached entry without one of the features, from before it was added, is computed again.)
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from logitreplay.datasets import synth
 from logitreplay.replay.compare import auto_vs_best
 from logitreplay.replay.recommend import NEAR_BEST, Features, evaluate, fit_reports
 from logitreplay.replay.results import ReplayResult, read_json
-from logitreplay.selectors.features import features
+from logitreplay.selectors.features import FEATURES, features
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SHARE, TARGET_WORST = 0.9, 1.10
@@ -100,7 +102,7 @@ def report_features(results: list[ReplayResult], cache_path: Path) -> Features:
                 read = lambda cid, archive=archive: archive.read(cid)  # noqa: E731
             for cid in sorted(wanted & set(known)):
                 key = f"{where}/{cid}"
-                if key not in cache:
+                if not set(FEATURES) <= set(cache.get(key, {})):  # new, or cached before a feature was added
                     print(f"features of {key}", flush=True)
                     cache[key] = features(read(cid))
                     cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
@@ -137,7 +139,10 @@ def fit_and_evaluate(fit: list[Path], scored: list[Path], selectors: list[str], 
         per_case += [f"| {path.name} | {e.case_id} | {e.chosen} | {e.why} | {e.ratio:.3f}x |" for e in rows]
     lines += ["", f"Targets (on {', '.join(SCORED)}): >= {TARGET_SHARE:.0%} of cases within 3% of the per-case "
               f"fastest of the rule's selectors, none above {TARGET_WORST}x. The rule is evaluated on the "
-              "reports' own timings (the choice's measured time over the fastest measured).", "", *per_case]
+              "reports' own timings (the choice's measured time over the fastest measured)."
+              + (" In sample: the rule was fitted on these same reports, so this scores the fit, not the "
+                 "rule on cases it has not seen; a fresh replay of `auto` re-measures it."
+                 if {p.resolve() for p in scored} <= {p.resolve() for p in fit} else ""), "", *per_case]
     (out / "fit.md").write_text("\n".join(lines) + "\n")
     return lines
 

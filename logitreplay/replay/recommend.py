@@ -19,11 +19,21 @@ boundary sits at the interpolated crossing of the two winners (log width vs log 
 and the margins (median over the cases there of loser / winner) at both bounding widths.
 
 Given each case's distribution features (`selectors/features.py`), the fit then adds overrides to each
-scope, greedily: the (feature, threshold, selector) that most improves the scope's score (cases within
-3% of their fastest, then the worst ratio, then the geometric mean ratio) when every case at or above
-the threshold goes to that selector, up to `MAX_OVERRIDES`, each kept only where it improves the score.
-Thresholds lie between two measured feature values (their geometric middle, rounded), so a rule never
-claims a threshold no measured case bounds.
+scope, greedily, up to `MAX_OVERRIDES`: each step takes the override (feature, `>=` or `<` a threshold,
+selector, and the part of the axis it holds on) that most improves the scope's score (cases within 3% of
+their fastest, then the worst ratio, counted only above 3%; ties: fewer moved cases that were within 3%
+already, then fewer winner changes along the axis, then the geometric mean ratio), and it must bring
+more cases within 3% or a better worst case, and never move a case to a selector more than 3% slower
+than the one the rule gave it. An override over the whole axis is taken where one helps; one above or
+below a cut between measured positions ("fill >= 0.16 and rows >= 91") only where none does. The
+intervals are fitted together with the overrides: each override is weighed with the intervals fitted
+again on the cases no override holds on, since a width measured only on one distribution (an indexer's
+recency beside normal scores elsewhere) would otherwise turn the width rule there, and the final
+intervals, boundaries and overturns are those of the cases the overrides leave.
+
+Thresholds lie between two measured feature values at least `MIN_GAP` apart (their geometric middle,
+rounded), so a rule never claims a threshold no measured case bounds, nor one a resampling of rows
+could cross; of the thresholds and cuts that move the same cases, the middle one is kept.
 """
 
 from __future__ import annotations
@@ -51,6 +61,10 @@ from logitreplay.selectors.auto import (
 # A selector within this factor of a case's fastest counts as as good as the fastest there.
 NEAR_BEST = 1.03
 MAX_OVERRIDES = 3
+# A feature threshold sits between two measured values at least this far apart: the features come from
+# a sample of rows, and a threshold closer than about 10% to a measured case is one resampling from
+# deciding it the other way.
+MIN_GAP = 1.25
 Features = dict[str, dict[str, float]]  # case id -> feature -> value
 
 
@@ -162,9 +176,7 @@ def fit_rule(result: ReplayResult, candidates: list[str] | None = None,
     scopes = []
     for dtype, kind in sorted({(c.dtype, c.kind) for c in cases}):
         mine = [c for c in cases if (c.dtype, c.kind) == (dtype, kind)]
-        scopes.append(_fit_scope(mine, names, dtype, kind))
-        if case_features:
-            _fit_overrides(scopes[-1], mine, names, case_features)
+        scopes.append(_fit_scope_and_overrides(mine, names, dtype, kind, case_features))
     default = _best(cases, names)
     return DispatchRule(names, scopes, default, {"device": result.device, "gpu": result.environment.get("gpu"),
                                                  "inputs": result.environment.get("inputs"),
@@ -179,9 +191,14 @@ def _median(case: CaseResult, selector: str) -> float:
 
 def _best(cases: list[CaseResult], names: list[str]) -> str:
     """The selector within NEAR_BEST of the fastest on the most cases; ties: lowest geometric mean."""
+    return _winner([{n: _median(c, n) for n in names} for c in cases], names)
+
+
+def _winner(times: list[dict[str, float]], names: list[str]) -> str:
+    """`_best` on the cases' median times (per case: selector -> time)."""
     def score(name: str) -> tuple[int, float]:
-        near = sum(_median(c, name) <= NEAR_BEST * min(_median(c, n) for n in names) for c in cases)
-        return -near, sum(math.log(_median(c, name)) for c in cases)
+        near = sum(t[name] <= NEAR_BEST * min(t[n] for n in names) for t in times)
+        return -near, sum(math.log(t[name]) for t in times)
 
     return min(names, key=score)
 
@@ -243,44 +260,125 @@ def score(rule: DispatchRule, cases: list[CaseResult], names: list[str],
     return sum(r <= NEAR_BEST for r in ratios), -max(ratios), -sum(math.log(r) for r in ratios)
 
 
-def _thresholds(values: list[float]) -> list[float]:
-    """A threshold between each two neighbouring measured values: their geometric middle (arithmetic
-    where the lower is not positive), rounded to 2 significant digits when that stays between them."""
+def _thresholds(values: list[float], gap: float = 1.0) -> list[float]:
+    """A threshold between each two neighbouring measured values at least `gap` times apart: their
+    geometric middle (arithmetic where the lower is not positive), rounded to 2 significant digits when
+    that stays between them."""
     out = []
     for a, b in itertools.pairwise(sorted(set(values))):
+        if a > 0 and b < gap * a:
+            continue
         mid = math.sqrt(a * b) if a > 0 else (a + b) / 2
         short = float(f"{mid:.2g}")
         out.append(short if a < short <= b else mid)
     return out
 
 
-def _fit_overrides(scope: Scope, cases: list[CaseResult], names: list[str], case_features: Features) -> None:
-    rule = DispatchRule(names, [scope], names[0])
-    known = [c for c in cases if c.case_id in case_features]
-    if not known:
-        return
-    feats = sorted({f for c in known for f in case_features[c.case_id]})
-    for _ in range(MAX_OVERRIDES):
-        now = score(rule, known, names, case_features)
-        best: tuple[tuple[int, float, float], Override] | None = None
+def _cuts(positions: list[int]) -> list[int]:
+    """A whole-number cut between each two neighbouring measured positions (rows or columns), from
+    `_thresholds`: `lo <= position` holds above the cut and not below it."""
+    out = []
+    for a, b in itertools.pairwise(sorted(set(positions))):
+        t = _thresholds([a, b])[0]
+        out.append(round(t) if a < round(t) <= b else math.ceil(t))
+    return out
+
+
+def _candidates(cases: list[CaseResult], names: list[str], case_features: Features) -> list[Override]:
+    """Every override the fit weighs, the simplest first (ties go to the first): over the whole axis,
+    then above or below each cut between measured positions; per feature, each threshold between two
+    values measured on that part of the axis, `>=` then `<`, per selector."""
+    feats = sorted({f for c in cases for f in case_features[c.case_id]})
+    at = {c.case_id: position(c.kind, c.rows, c.cols) for c in cases}
+    cuts = _cuts(list(at.values()))
+    spans: list[tuple[int, int | None]] = [(0, None), *((t, None) for t in cuts), *((0, t) for t in cuts)]
+    out = []
+    for lo, hi in spans:
+        inside = [c for c in cases if lo <= at[c.case_id] and (hi is None or at[c.case_id] < hi)]
         for feature in feats:
-            values = [case_features[c.case_id][feature] for c in known if feature in case_features[c.case_id]]
-            for at_least in _thresholds(values):
+            values = [case_features[c.case_id][feature] for c in inside if feature in case_features[c.case_id]]
+            for t in _thresholds(values, MIN_GAP):
                 for name in names:
-                    scope.overrides.append(Override(feature, at_least, name))
-                    got = score(rule, known, names, case_features)
-                    scope.overrides.pop()
-                    if got > now and (best is None or got > best[0]):
-                        best = (got, Override(feature, at_least, name))
-        if best is None:
-            return
-        got, override = best
-        before = {c.case_id: rule.choose(c.dtype, c.kind, c.rows, c.cols, case_features[c.case_id])[0] for c in known}
-        scope.overrides.append(override)
-        override.gained = got[0] - now[0]
-        override.cases = [c.case_id for c in known
-                          if rule.choose(c.dtype, c.kind, c.rows, c.cols, case_features[c.case_id])[0]
-                          != before[c.case_id]]
+                    out.append(Override(feature, t, name, lo=lo, hi=hi))
+                    out.append(Override(feature, None, name, below=t, lo=lo, hi=hi))
+    return out
+
+
+def _family(o: Override) -> tuple[str, bool, str, bool, bool]:
+    """What two overrides share when they differ only in where their threshold and cut sit."""
+    return o.feature, o.at_least is None, o.selector, o.lo > 0, o.hi is not None
+
+
+def _fit_scope_and_overrides(cases: list[CaseResult], names: list[str], dtype: str, kind: str,
+                             case_features: Features | None) -> Scope:
+    """The scope's intervals and overrides, fitted together (module docstring): each override is
+    weighed with the intervals fitted again on the cases no override holds on."""
+    feats = case_features or {}
+    known = [c for c in cases if c.case_id in feats]
+    if not known:
+        return _fit_scope(cases, names, dtype, kind)
+    times = [{n: _median(c, n) for n in names} for c in known]
+    ratios = [{n: t[n] / min(t.values()) for n in names} for t in times]
+    at = [position(c.kind, c.rows, c.cols) for c in known]
+    candidates = _candidates(known, names, feats)
+    takes = [[i for i, c in enumerate(known) if o.holds(at[i], feats[c.case_id].get(o.feature))] for o in candidates]
+    overrides: list[Override] = []
+    owner: list[str | None] = [None] * len(known)  # the selector of the override that holds on a case
+
+    def rank(held: list[str | None]) -> tuple[tuple[int, float, float, int], list[str]]:
+        """(cases within 3%, -worst ratio (NEAR_BEST at least), -sum of log ratios, -winner changes along the
+        axis) and each case's choice: `held` ones by their override, the rest by the intervals fitted on
+        the rest (every measured position goes to its own winner, `_fit_scope`)."""
+        left: dict[int, list[dict[str, float]]] = {}
+        for i, h in enumerate(held):
+            if h is None:
+                left.setdefault(at[i], []).append(times[i])
+        best = {w: _winner(left[w], names) for w in sorted(left)}
+        chosen = [h if h is not None else best[at[i]] for i, h in enumerate(held)]
+        r = [ratios[i][n] for i, n in enumerate(chosen)]
+        changes = sum(a != b for a, b in itertools.pairwise(best.values()))
+        # a worst case within 3% is as good as none: an override is not worth a 1% gain on one case
+        return (sum(x <= NEAR_BEST for x in r), -max(*r, NEAR_BEST), -sum(math.log(x) for x in r), -changes), chosen
+
+    for _ in range(MAX_OVERRIDES):
+        now, chosen = rank(owner)
+        found: list[tuple[tuple[int, int, float, int, float], int, frozenset[int]]] = []
+        for j, o in enumerate(candidates):
+            held = [i for i in takes[j] if owner[i] is None]
+            moved = [i for i in held if chosen[i] != o.selector]
+            # a case it moves must not end more than 3% slower than where the rule had it
+            if not moved or any(ratios[i][o.selector] > NEAR_BEST * ratios[i][chosen[i]] for i in moved):
+                continue
+            trial = list(owner)
+            for i in held:
+                trial[i] = o.selector
+            got, _ = rank(trial)
+            if got[:2] > now[:2]:  # more cases within 3%, or a better worst case: not the mean alone
+                # ties: fewer moved cases that were within 3% already (nothing to gain there), then the
+                # better worst case, fewer winner changes along the axis, the better mean
+                idle = sum(ratios[i][chosen[i]] <= NEAR_BEST for i in moved)
+                found.append(((got[0], -idle, got[1], got[3], got[2]), j, frozenset(moved)))
+        if not found:
+            break
+        # an override over the whole axis where one helps; one on part of it only where none does
+        whole = [f for f in found if candidates[f[1]].span("") is None]
+        top, j, top_moved = max(whole or found, key=lambda f: (f[0], -f[1]))
+        # Of the overrides that move the same cases the same way, the middle one: its threshold and cut
+        # sit as far from the measured cases on either side as that family allows.
+        same = [k for r, k, m in found
+                if r == top and m == top_moved and _family(candidates[k]) == _family(candidates[j])]
+        k = same[len(same) // 2]
+        override = candidates[k]
+        override.gained = top[0] - now[0]
+        override.cases = [known[i].case_id for i in takes[k] if owner[i] is None]
+        overrides.append(override)
+        for i in takes[k]:
+            if owner[i] is None:
+                owner[i] = override.selector
+    held_ids = {known[i].case_id for i, h in enumerate(owner) if h is not None}
+    scope = _fit_scope([c for c in cases if c.case_id not in held_ids] or cases, names, dtype, kind)
+    scope.overrides = overrides
+    return scope
 
 
 def fit_reports(results: list[ReplayResult], candidates: list[str], case_features: Features) -> DispatchRule:
@@ -298,8 +396,7 @@ def fit_reports(results: list[ReplayResult], candidates: list[str], case_feature
         covered = [c for c in mine if all(c.timed(n) for n in names)]
         if not covered:
             continue
-        scope = _fit_scope(covered, names, dtype, kind)
-        _fit_overrides(scope, covered, names, case_features)
+        scope = _fit_scope_and_overrides(covered, names, dtype, kind, case_features)
         scopes.append(scope)
         used += [n for n in names if n not in used]
         largest = max(largest, (len(covered), _best(covered, names)))

@@ -9,9 +9,14 @@ the cases and margins measured on both sides, and the places where one distribut
 rule (a faster selector there than the interval names). `auto` dispatches on what serving can see at
 dispatch time, dtype, kind and width, and then on the distribution features of the case's rows
 (`selectors/features.py`, computed from a sample of rows) where the fit found a feature that moves
-cases to a faster selector: each scope's `overrides`, taken in order, the first whose feature is at or
-above its threshold deciding. Every choice names what decided it: the width (rows) interval, or the
-feature and its value. An overturn is a note in the artifact, not a dispatch input.
+cases to a faster selector: each scope's `overrides`, taken in order, the first that holds deciding.
+An override is one feature against one threshold, `feature >= at_least` or `feature < below`, and may
+hold only on part of the axis (`lo <= position < hi`, like an interval: "fill >= 0.16 and rows >= 91").
+Every choice names what decided it: the width (rows) interval, or the feature and its value. An
+overturn is a note in the artifact, not a dispatch input.
+
+Schema `logitreplay.dispatch/2` added the override's `below`, `lo` and `hi`; a `/1` file (overrides of
+`at_least` over the whole axis) is read as the same rule.
 
 `--selectors auto --rule RULE.json` builds `auto` through the registry like any selector: the command
 puts the rule's path in `LOGITREPLAY_DISPATCH_RULE` (so isolated children find it too), and the factory
@@ -33,7 +38,8 @@ from logitreplay.errors import SelectorError
 from logitreplay.selectors.base import Launch, Selector
 from logitreplay.selectors.features import features
 
-SCHEMA = "logitreplay.dispatch/1"
+SCHEMA = "logitreplay.dispatch/2"
+READS = (SCHEMA, "logitreplay.dispatch/1")  # /1: overrides without below, lo, hi
 RULE_ENV = "LOGITREPLAY_DISPATCH_RULE"
 
 
@@ -63,14 +69,40 @@ class Interval:
 
 @dataclass
 class Override:
-    """Cases whose `feature` is at least `at_least` go to `selector`, whatever their interval; fitted where
-    it brought `gained` more of the fitted cases (`cases`) within 3% of their fastest."""
+    """Cases whose `feature` is at least `at_least` (or, with `below` instead, less than `below`) go to
+    `selector`, whatever their interval, where their position on the axis is in `[lo, hi)` (the whole
+    axis by default). `cases`: the fitted cases it decides (those no earlier override took); `gained`:
+    how many more fitted cases it brought within 3% of their fastest."""
 
     feature: str
-    at_least: float
+    at_least: float | None
     selector: str
     gained: int = 0
     cases: list[str] = field(default_factory=list)
+    below: float | None = None
+    lo: int = 0
+    hi: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.at_least is None) == (self.below is None):
+            raise ValueError(f"override on {self.feature}: give one of at_least and below")
+
+    def holds(self, at: int, value: float | None) -> bool:
+        """Whether it decides a case at axis position `at` with this feature value (None: not known)."""
+        if value is None or at < self.lo or (self.hi is not None and at >= self.hi):
+            return False
+        if self.at_least is not None:
+            return value >= self.at_least
+        return self.below is not None and value < self.below
+
+    def test(self, value: float | None = None) -> str:
+        """The feature test in words, with the case's value when given: `fill 0.2 >= 0.16`."""
+        seen = self.feature if value is None else f"{self.feature} {value:.3g}"
+        return f"{seen} >= {self.at_least:.3g}" if self.at_least is not None else f"{seen} < {self.below:.3g}"
+
+    def span(self, name: str) -> str | None:
+        """The part of the axis it holds on, in words (`rows >= 91`), or None for the whole axis."""
+        return None if self.lo <= 0 and self.hi is None else Interval(self.lo, self.hi, self.selector).span(name)
 
 
 @dataclass
@@ -143,11 +175,12 @@ class DispatchRule:
         scope = next((s for s in self.scopes if s.dtype == dtype and s.kind == kind), None)
         if scope is None:
             return self.default, f"no rule for {dtype} {kind}: default {self.default}"
+        at, name = position(kind, rows, cols), axis(kind)
         for o in scope.overrides:
             value = (case_features or {}).get(o.feature)
-            if value is not None and value >= o.at_least:
-                return o.selector, f"{dtype} {kind}, {o.feature} {value:.3g} >= {o.at_least:.3g}"
-        at, name = position(kind, rows, cols), axis(kind)
+            if o.holds(at, value):
+                span = o.span(name)
+                return o.selector, f"{dtype} {kind}, {o.test(value)}" + (f", {name} {at}: {span}" if span else "")
         for iv in scope.intervals:
             if iv.lo <= at and (iv.hi is None or at < iv.hi):
                 return iv.selector, f"{dtype} {kind}, {name} {at}: {iv.span(name)}"
@@ -160,8 +193,8 @@ class DispatchRule:
             name = axis(scope.kind)
             lines.append(f"rule {scope.dtype} {scope.kind}: "
                          + "; ".join(f"{iv.selector} for {iv.span(name)}" for iv in scope.intervals))
-            lines += [f"  but {o.selector} where {o.feature} >= {o.at_least:.3g} ({len(o.cases)} fitted cases "
-                      f"moved, {o.gained} more within 3%)" for o in scope.overrides]
+            lines += [f"  but {o.selector} where {o.test()}" + (f" and {o.span(name)}" if o.span(name) else "")
+                      + f" (decides {len(o.cases)} fitted cases, {o.gained} more within 3%)" for o in scope.overrides]
             lines += [f"  boundary {b.width:.0f}: {b.below} {b.margin_below:.2f}x faster at {b.lower_width}, "
                       f"{b.above} {b.margin_above:.2f}x faster at {b.upper_width}" for b in scope.boundaries]
             lines += [f"  overturned at {name} {o.position} by {o.source}: {o.faster} {o.margin:.2f}x faster than "
@@ -174,7 +207,7 @@ class DispatchRule:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DispatchRule:
-        if d.get("schema") != SCHEMA:
+        if d.get("schema") not in READS:
             raise ValueError(f"schema {d.get('schema')!r}, expected {SCHEMA!r}")
         scopes = [Scope(s["dtype"], s["kind"], [Interval(**i) for i in s["intervals"]],
                         [Boundary(**b) for b in s.get("boundaries", [])],
@@ -253,5 +286,5 @@ def from_environment() -> AutoSelector:
     return AutoSelector(rule, {name: build(name) for name in rule.selectors})
 
 
-__all__ = ["RULE_ENV", "SCHEMA", "AutoSelector", "Boundary", "Crossover", "DispatchRule", "Interval", "Override",
+__all__ = ["READS", "RULE_ENV", "SCHEMA", "AutoSelector", "Boundary", "Crossover", "DispatchRule", "Interval", "Override",
            "Overturn", "Scope", "axis", "from_environment", "parse_note", "position"]
