@@ -340,8 +340,8 @@ def deepselect_decode(root: Path) -> str:
 
 # Each suite's latest peers run: its results folder.
 PEER_SUITES = {"probe": "h200-2026-12-02", "seed-controls": "h200-2026-12-02", "seed-controls-bf16": "h200-2026-12-02",
-               "decode": "h200-2026-12-02", "decode-bf16": "h200-2026-12-02", "stress": "h200-2026-12-03",
-               "indexer": "h200-2026-12-03", "indexer-decode": "h200-2026-12-03"}
+               "decode": "h200-2026-12-02", "decode-bf16": "h200-2026-12-02", "stress": "h200-2026-12-03/rebet",
+               "indexer": "h200-2026-12-03/rebet", "indexer-decode": "h200-2026-12-03/rebet"}
 
 
 def peers_table(root: Path, suite: str) -> str:
@@ -356,9 +356,8 @@ for _suite in PEER_SUITES:
     claim(f"peers-{_suite}")(functools.partial(peers_table, suite=_suite))
 
 
-def target_table(root: Path, suite: str, head: list[str], score: Callable[[dict[str, Any]], Any]) -> str:
-    """bench/RESULTS.md: one of bench/targets.py's tables on a suite's peers run, its misses and source."""
-    rel = f"{PEER_SUITES[suite]}/peers-{suite}.json"
+def target_table(root: Path, rel: str, head: list[str], score: Callable[[dict[str, Any]], Any]) -> str:
+    """bench/RESULTS.md: one of bench/targets.py's tables on one replay report, its misses and source."""
     report = load(root, rel)
     rows, misses = score(report)
     return "\n".join([table(head, rows), "", "Misses: " + ("; ".join(misses) if misses else "none") + ".", "",
@@ -366,11 +365,17 @@ def target_table(root: Path, suite: str, head: list[str], score: Callable[[dict[
 
 
 claim("target-split-decode")(functools.partial(
-    target_table, suite="indexer-decode", score=targets.split_vs_production,
+    target_table, rel=f"{PEER_SUITES['indexer-decode']}/peers-indexer-decode.json", score=targets.split_vs_production,
     head=["case", "split", "fastest production peer", "its us", "split / it"]))
 claim("target-cliffs")(functools.partial(
-    target_table, suite="stress", score=targets.capacity_cliffs,
+    target_table, rel=f"{PEER_SUITES['stress']}/peers-stress.json", score=targets.capacity_cliffs,
     head=["case", "flooded values", *(f"{k} us (after / before)" for k in targets.BUNDLED_KERNELS)]))
+# `auto` by the committed rule, replayed beside its selectors on each of issue 28's suites.
+AUTO_RUNS = "h200-2026-12-03/rebet"
+for _suite in ("stress", "indexer", "indexer-decode"):
+    claim(f"target-auto-{_suite}")(functools.partial(
+        target_table, rel=f"{AUTO_RUNS}/auto-{_suite}.json", score=targets.auto_vs_fastest,
+        head=["case", "auto chose", "decided by", "fastest", "auto / fastest"]))
 
 
 # A split sweep table: columns (header, file, run or None, variant); `ref` is the best vLLM decode kernel of
@@ -469,18 +474,12 @@ def fidelity_decode(root: Path) -> str:
 
 
 # Issue 28's suites: the results folder of each one's committed `bash bench/fidelity_gpu.sh
-# indexer,indexer-decode` run (its SUITE.json, copy.json and commands.json), None until one is committed.
-FIDELITY_RUNS: dict[str, str | None] = {"indexer": None, "indexer-decode": None}
+# indexer,indexer-decode` run (its SUITE.json, copy.json and commands.json).
+FIDELITY_RUNS = {"indexer": "h200-2026-12-03/fidelity", "indexer-decode": "h200-2026-12-03/fidelity"}
 
 
 def fidelity_suite(root: Path, suite: str) -> str:
-    folder = FIDELITY_RUNS[suite]
-    if folder is None:
-        return (f"Not measured yet: no `{suite}` run of bench/fidelity.py is committed. After `bash "
-                "bench/fidelity_gpu.sh indexer,indexer-decode` on a GPU (bench/stage_vllm.sh says how its "
-                f"libraries get there), commit its output under {RESULTS}/<hardware>-<date>/ with a "
-                f"commands.json, name that folder in FIDELITY_RUNS in bench/claims.py and run `make claims`.")
-    return fidelity_block(root, folder, (suite,))
+    return fidelity_block(root, FIDELITY_RUNS[suite], (suite,))
 
 
 for _suite in FIDELITY_RUNS:

@@ -38,7 +38,7 @@ PEERS = ("flashinfer", "flashinfer-ragged", "flashinfer-ragged-cub", "flashinfer
 # those suites re-measures the rule on the cases it was fitted on (new timings, not new cases): a test
 # of the fit against run-to-run noise, not a held-out one. Run from the project root, as the commands
 # above are.
-AUTO_RULE = "bench/results/h200-2026-12-03/auto-fit/rule.json"
+AUTO_RULE = "bench/results/h200-2026-12-03/rebet/auto-fit/rule.json"
 PROBE_COUNTS = (2049, 4000, 4096, 4097, 4200, 6000, 8192, 16384)
 PROBE_COLS = 32768
 PREFIX = "peers-"

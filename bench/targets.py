@@ -9,6 +9,9 @@
   copy into the replay's output where the adapter stages one (PEERS.md says which do).
 - No bundled kernel more than CLIFF_TARGET slower one value past a capacity limit than one value before
   it: the `stress` suite's flooded-bin pairs (`...-fN` and `...-fN+1`, same rows).
+- `auto` within 3% of the per-case fastest of its rule's selectors on >= 90% of the `stress`, `indexer`
+  and `indexer-decode` cases, never above 1.10x (bench/decisions.py's targets), scored on a replay of
+  `auto` beside those selectors, with the feature or width that decided each case.
 
     python bench/targets.py bench/results/h200-2026-12-03    # print both tables
 """
@@ -23,6 +26,11 @@ from typing import Any
 
 import fidelity
 import peers
+from decisions import TARGET_SHARE, TARGET_WORST
+
+from logitreplay.replay.compare import auto_vs_best
+from logitreplay.replay.results import ReplayResult
+from logitreplay.selectors.auto import parse_note
 
 DECODE_TARGET = fidelity.DECODE_TARGET  # the same target bench/FIDELITY.md scores against vLLM
 CLIFF_TARGET = 1.3
@@ -76,6 +84,27 @@ def capacity_cliffs(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]
             if r > CLIFF_TARGET:
                 misses.append(f"{k} on {cid}: {r:.2f}x one value past it")
         rows.append(cells)
+    return rows, misses
+
+
+def auto_vs_fastest(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """Per case: auto's choice and what decided it, its ratio to the fastest of the bundled kernels;
+    and the misses (a case above TARGET_WORST, or too few cases within 3%)."""
+    result = ReplayResult.from_json(report)
+    score = auto_vs_best(result, list(BUNDLED_KERNELS))
+    rows, misses = [], []
+    for case in result.cases:
+        res = case.result("auto")
+        if case.case_id not in score.per_case or res is None:
+            continue
+        ratio, best = score.per_case[case.case_id]
+        chose, why = parse_note(res.reason) or ("?", "?")
+        rows.append([case.case_id, chose, why, best, f"{ratio:.3f}" + ("" if ratio <= TARGET_WORST else " **miss**")])
+        if ratio > TARGET_WORST:
+            misses.append(f"{case.case_id}: {ratio:.2f}x {best}")
+    if score.cases and score.within < TARGET_SHARE * score.cases:
+        misses.append(f"within 3% on {score.within} of {score.cases} cases")
+    rows.append([f"**within 3%: {score.within} of {score.cases}**", "", "", "", ""])
     return rows, misses
 
 

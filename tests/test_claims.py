@@ -107,15 +107,13 @@ def test_a_table_states_its_command_hardware_and_date(claims: ModuleType) -> Non
         claims.source(ROOT, "h200-2026-12-02/not-a-run.json")
 
 
-def test_a_committed_indexer_fidelity_run_renders_with_one_mapping_edit(claims: ModuleType, tree: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Until bench/fidelity_gpu.sh's indexer run is committed its blocks say so; naming its results folder in
-    FIDELITY_RUNS renders each suite's table (and only that suite's) with its source lines."""
+def test_an_indexer_fidelity_run_renders_with_one_mapping_edit(claims: ModuleType, tree: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Naming a bench/fidelity_gpu.sh indexer run's results folder in FIDELITY_RUNS renders each suite's
+    table (and only that suite's) with its source lines."""
     import json
 
     doc = tree / "bench/FIDELITY.md"
-    for suite in ("indexer", "indexer-decode"):
-        assert f"no `{suite}` run of bench/fidelity.py is committed" in claims.RENDERERS[f"fidelity-{suite}"](tree)
     folder = tree / claims.RESULTS / "h200-2099-01-01"
     folder.mkdir()
     lib = "@$VLLM_LIBS/_C_stable_libtorch.abi3.so"
@@ -148,3 +146,25 @@ def test_a_committed_indexer_fidelity_run_renders_with_one_mapping_edit(claims: 
     assert "| 1.8 | 20.0 | 1.15 |" in decode_block and "Misses" in decode_block and "none." in decode_block
     assert "Data: `bench/results/h200-2099-01-01/copy.json`" in decode_block
     assert claims.main(["--check", "--root", str(tree)]) == 0
+
+
+def test_auto_is_scored_per_case_with_what_decided_it_and_a_slow_choice_is_a_miss(claims: ModuleType) -> None:
+    """targets.auto_vs_fastest, on the committed replay of `auto` on `indexer`: each case names the feature
+    or width that decided it; a choice made 20% slower than the fastest is a miss, and so is a suite
+    with fewer than 90% of its cases within 3%."""
+    import copy
+
+    import targets
+
+    report = claims.load(ROOT, f"{claims.AUTO_RUNS}/auto-indexer.json")
+    rows, misses = targets.auto_vs_fastest(report)
+    assert misses == [] and rows[-1][0] == "**within 3%: 9 of 9**"
+    assert any("bin_load" in r[2] for r in rows) and any("cols <" in r[2] for r in rows)
+    slowed = copy.deepcopy(report)
+    for case in slowed["cases"][:2]:
+        auto = next(r for r in case["results"] if r["selector"] == "auto")
+        auto["timing"]["samples_us"] = [x * 1.2 for x in auto["timing"]["samples_us"]]
+    rows, misses = targets.auto_vs_fastest(slowed)
+    assert rows[-1][0] == "**within 3%: 7 of 9**"
+    assert [m.split(":")[0] for m in misses[:2]] == [c["case_id"] for c in slowed["cases"][:2]]
+    assert misses[2] == "within 3% on 7 of 9 cases"

@@ -147,7 +147,7 @@ class AutoScore:
 
 def auto_vs_best(result: ReplayResult, among: list[str], auto: str = "auto", near: float = 1.03) -> AutoScore:
     """Score `auto` on the cases where it and every one of `among` were timed (the issue's target:
-    within 3% of the per-case best on >= 90% of cases, never worse than 1.25x)."""
+    within 3% of the per-case best on >= 90% of cases, never worse than 1.10x)."""
     score = AutoScore(list(among), near)
     for case in result.cases:
         mine = case.timed(auto)
