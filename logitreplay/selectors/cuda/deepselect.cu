@@ -21,8 +21,9 @@
 //    already overflowed, the pass ends there instead of reading on for nothing. At the end the bet is
 //    checked: if fewer than top_k candidates remain, or the buffer overflowed, the row is redone
 //    exactly (r = top_k and a barrier per round), a second and last pass over the row. Spread scores
-//    never need one; long rows with heavy ties near the k-th value, ordered rows and k = 2048 on the
-//    longest rows sometimes do (bench/deepselect_bets.py: the CPU model's count, by distribution).
+//    never need one, k = 2048 on the longest rows and flooded bins included; long rows with heavy ties
+//    at the k-th value and ordered rows sometimes do (bench/deepselect_bets.py: the CPU model's count,
+//    by distribution).
 // 3. In the exact pass (and rows the first step does not apply to), the classic rule: when the buffer
 //    reaches top_k + kB2 candidates it is cut back by the shared-memory select, and T rises to a lower
 //    bound of the k-th largest key (or, speculating, of the keep_rank-th).
