@@ -344,9 +344,14 @@ PEER_SUITES = {"probe": "h200-2026-12-02", "seed-controls": "h200-2026-12-02", "
                "indexer": "h200-2026-12-03/rebet", "indexer-decode": "h200-2026-12-03/rebet"}
 
 
+def peers_rel(suite: str) -> str:
+    """The committed peers report of `suite` (bench/peers.py's file name), under bench/results/."""
+    return f"{PEER_SUITES[suite]}/{peers.PREFIX}{suite}.json"
+
+
 def peers_table(root: Path, suite: str) -> str:
     """bench/PEERS.md: every peer and the bundled selectors on one suite (bench/peers.py)."""
-    rel = f"{PEER_SUITES[suite]}/peers-{suite}.json"
+    rel = peers_rel(suite)
     report = load(root, rel)
     return "\n".join([peers.suite_block(report), "", f"Protocol: {protocol(report)}.",
                       source(root, rel, report["environment"])])
@@ -365,10 +370,10 @@ def target_table(root: Path, rel: str, head: list[str], score: Callable[[dict[st
 
 
 claim("target-split-decode")(functools.partial(
-    target_table, rel=f"{PEER_SUITES['indexer-decode']}/peers-indexer-decode.json", score=targets.split_vs_production,
+    target_table, rel=peers_rel("indexer-decode"), score=targets.split_vs_production,
     head=["case", "split", "fastest production peer", "its us", "split / it"]))
 claim("target-cliffs")(functools.partial(
-    target_table, rel=f"{PEER_SUITES['stress']}/peers-stress.json", score=targets.capacity_cliffs,
+    target_table, rel=peers_rel("stress"), score=targets.capacity_cliffs,
     head=["case", "flooded values", *(f"{k} us (after / before)" for k in targets.BUNDLED_KERNELS)]))
 # `auto` by the committed rule, replayed beside its selectors on each of issue 28's suites.
 AUTO_RUNS = "h200-2026-12-03/rebet"

@@ -23,7 +23,7 @@ archive's read; cached in --out/features.json), evaluates it case by case on the
 (default: the same ones), and writes rule.json and fit.md (per suite: cases within 3%, worst ratio,
 against the width rule alone; per case: the choice and the feature or width that decided it):
 
-    R2=bench/results/h200-2026-12-02 R3=bench/results/h200-2026-12-03
+    R2=bench/results/h200-2026-12-02 R3=bench/results/h200-2026-12-03/rebet
     .venv/bin/python bench/decisions.py --fit $R2/seed-controls.json $R2/decisions/fit-seed-controls-bf16.json \
         $R2/peers-decode.json $R2/peers-decode-bf16.json $R3/peers-stress.json $R3/peers-indexer.json \
         $R3/peers-indexer-decode.json --out $R3/auto-fit

@@ -9,7 +9,7 @@
   copy into the replay's output where the adapter stages one (PEERS.md says which do).
 - No bundled kernel more than CLIFF_TARGET slower one value past a capacity limit than one value before
   it: the `stress` suite's flooded-bin pairs (`...-fN` and `...-fN+1`, same rows).
-- `auto` within 3% of the per-case fastest of its rule's selectors on >= 90% of the `stress`, `indexer`
+- `auto` within 3% of the per-case fastest bundled kernel (its rule's selectors) on >= 90% of the `stress`, `indexer`
   and `indexer-decode` cases, never above 1.10x (bench/decisions.py's targets), scored on a replay of
   `auto` beside those selectors, with the feature or width that decided each case.
 
