@@ -1,12 +1,12 @@
 """Shared test configuration: tests marked `gpu` run only where CUDA is available; the vLLM stand-in's
-fixtures (tests/vllm033/fixtures.py)."""
+fixtures (tests/vllm033/fixtures.py); the pinned upstream sources (tests/upstream_wheels.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-pytest_plugins = ["tests.vllm033.fixtures"]
+pytest_plugins = ["tests.vllm033.fixtures", "tests.upstream_wheels"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
