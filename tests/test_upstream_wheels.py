@@ -51,3 +51,9 @@ def test_the_pinned_vllm_sources_are_extracted_once(vllm_0340_tree: Path) -> Non
     assert vllm_0340_tree / "vllm" / "model_executor" / "layers" / "sparse_attn_indexer.py" in files
     assert all(f.suffix == ".py" for f in files)
     assert uw.source_tree(uw.VLLM_0340) == vllm_0340_tree
+
+
+def test_the_pinned_sglang_sources_are_extracted_once(sglang_0523_tree: Path) -> None:
+    files = uw.source_files(uw.SGLANG_0523)
+    assert sglang_0523_tree / "sglang" / "srt" / "layers" / "attention" / "dsa" / "dsa_indexer.py" in files
+    assert all(f.suffix == ".py" for f in files)

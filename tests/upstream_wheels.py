@@ -38,6 +38,7 @@ class Pin:
     # pip's target tags for a platform wheel, so that the same pin is fetched on any test machine;
     # None for a pure-Python (py3-none-any) wheel.
     platform: str | None = None
+    abi: str = "abi3"  # the wheel's ABI tag (vLLM builds against the stable ABI, SGLang per CPython)
 
     @property
     def key(self) -> str:
@@ -58,9 +59,17 @@ VLLM_0340 = Pin(
     "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
     platform="manylinux_2_28_x86_64",
 )
-# SGLang 0.5.23's pin goes here, beside vLLM's.
+# SGLang publishes one wheel per CPython; its .py tree is the same in each (the extensions are not used).
+SGLANG_0523 = Pin(
+    "sglang",
+    "0.5.23",
+    "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
+    platform="manylinux_2_34_x86_64",
+    abi="cp311",
+)
 
-PINS: dict[str, Pin] = {pin.key: pin for pin in (VLLM_0330, VLLM_0340)}
+PINS: dict[str, Pin] = {pin.key: pin for pin in (VLLM_0330, VLLM_0340, SGLANG_0523)}
 
 
 class Unreachable(Exception):
@@ -89,7 +98,7 @@ def _pip_download(pin: Pin, into: Path) -> None:
                "--dest", str(into), "-r", str(requirement)]
     if pin.platform is not None:
         command += ["--platform", pin.platform, "--implementation", "cp", "--python-version", "3.11",
-                    "--abi", "abi3"]
+                    "--abi", pin.abi]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode == 0:
         return
@@ -169,3 +178,9 @@ def vllm_0330_tree() -> Path:
 def vllm_0340_tree() -> Path:
     """vLLM 0.34.0's released sources (the directory holding `vllm/`)."""
     return require(VLLM_0340)
+
+
+@pytest.fixture(scope="session")
+def sglang_0523_tree() -> Path:
+    """SGLang 0.5.23's released sources (the directory holding `sglang/`)."""
+    return require(SGLANG_0523)
