@@ -42,6 +42,8 @@ import reliability  # noqa: E402
 import replay_controls  # noqa: E402
 import targets  # noqa: E402
 
+from logitreplay.selectors import provenance  # noqa: E402
+
 ROOT = BENCH.parent
 RESULTS = "bench/results"
 DOCUMENTS = ("README.md", "bench/RESULTS.md", "bench/FIDELITY.md", "bench/PEERS.md", "docs/reliability.md")
@@ -104,10 +106,61 @@ def hardware(env: dict[str, Any]) -> str:
 
 
 def source(root: Path, rel: str, env: dict[str, Any] | None = None) -> str:
-    """One line naming a table's data: the file, the date and hardware of its run, the command."""
+    """One line naming a table's data: the file, the date and hardware of its run, the command, and
+    `kernel_mark` where the kernels that made it are not the tree's."""
     entry = recorded(root, rel)
     where = entry.get("hardware") or hardware(env or {})
-    return (f"Data: `{RESULTS}/{rel}` ({run_date(rel)}, {where}); command: `{entry['command']}`.")
+    return (f"Data: `{RESULTS}/{rel}` ({run_date(rel)}, {where}); command: `{entry['command']}`."
+            + kernel_mark(root, rel))
+
+
+# ---- which kernels made the data ----
+
+SELECTORS = "logitreplay/selectors"  # the tree's bundled kernels and CPU models, whose digests are current
+# Results no bundled kernel or CPU model made (codec speeds, the capture's overhead, copy bandwidth, test
+# tallies): their tables carry no kernel mark.
+KERNEL_FREE = re.compile(r"(codecs\.txt|capture_overhead\.json|copy\.json|\.xml)$")
+OLDER = "**Measured on an older kernel"
+
+
+def ran_sources(root: Path, rel: str) -> tuple[dict[str, str] | None, list[str]]:
+    """The kernel source digests a results file recorded (None: it recorded none) and the bundled kernels
+    that made it: a JSON's `environment.kernel_sources` (a replay report's kernels are those of its
+    selectors), else a `kernel_sources` entry in the folder's commands.json (records written as text)."""
+    path = root / RESULTS / rel
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        sources = (data.get("environment") or {}).get("kernel_sources")
+        selectors = data.get("selectors") if data.get("schema") == "logitreplay.replay/1" else None
+        return sources, provenance.bundled_in(selectors) if selectors is not None else list(provenance.BUNDLED)
+    entry: dict[str, Any] = recorded(root, rel)
+    return entry.get("kernel_sources"), list(provenance.BUNDLED)
+
+
+@functools.cache
+def tree_digests(root: Path) -> dict[str, set[str]]:
+    base = root / SELECTORS
+    if not base.is_dir():
+        raise ClaimsError(f"{SELECTORS}: not in {root}, so the kernels' source digests cannot be compared")
+    return provenance.tree_digests(base)
+
+
+def kernel_mark(root: Path, rel: str) -> str:
+    """Nothing when the kernels that made `rel` have the tree's sources; otherwise a visible mark: the run
+    recorded no digests (it predates them), or names each kernel whose sources have changed since."""
+    if KERNEL_FREE.search(rel):
+        return ""
+    sources, ran = ran_sources(root, rel)
+    if not ran:
+        return ""
+    if not sources:
+        return f" {OLDER} / kernel sources not recorded** (the run predates their digests)."
+    tree = tree_digests(root)
+    stale = [k for k in ran if sources.get(k) not in tree[k]]
+    if not stale:
+        return ""
+    what = ", ".join(f"{k} ({(sources.get(k) or 'not recorded')[:15]})" for k in stale)
+    return f" {OLDER}**: the sources of {what} are not the tree's."
 
 
 def protocol(report: dict[str, Any]) -> str:

@@ -24,12 +24,14 @@ def claims() -> ModuleType:
 
 @pytest.fixture
 def tree(claims: ModuleType, tmp_path: Path) -> Path:
-    """A copy of the documents and the committed results, to edit."""
+    """A copy of the documents, the committed results and the kernels' sources, to edit."""
     for rel in claims.DOCUMENTS:
         if (ROOT / rel).is_file():
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / rel, tmp_path / rel)
     shutil.copytree(ROOT / claims.RESULTS, tmp_path / claims.RESULTS)
+    shutil.copytree(ROOT / claims.SELECTORS, tmp_path / claims.SELECTORS,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
@@ -105,6 +107,47 @@ def test_a_table_states_its_command_hardware_and_date(claims: ModuleType) -> Non
     assert "2026-12-02" in out and "NVIDIA H200" in out and "logitreplay replay --device cuda" in out
     with pytest.raises(claims.ClaimsError, match="no command recorded"):
         claims.source(ROOT, "h200-2026-12-02/not-a-run.json")
+
+
+def test_a_run_without_source_digests_is_marked_as_measured_on_an_older_kernel(claims: ModuleType) -> None:
+    """Every committed run before the digests: its tables say so rather than pass as the tree's kernels;
+    results no kernel made carry no mark."""
+    assert "Measured on an older kernel / kernel sources not recorded" in claims.RENDERERS["readme-h200"](ROOT)
+    assert "older kernel" not in claims.RENDERERS["codecs"](ROOT)
+
+
+def test_check_fails_when_a_kernel_source_changes_after_its_run(claims: ModuleType, tree: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A run that recorded the tree's digests renders unmarked; editing one kernel's source (deepselect.cu)
+    makes `--check` fail on every table of that run, and the rendered table names the stale kernel. A
+    kernel the run did not use (split) may change without marking it."""
+    import json
+
+    from logitreplay.selectors import provenance
+
+    data = tree / claims.RESULTS / claims.H200_FP32
+    report = json.loads(data.read_text())
+    report["environment"]["kernel_sources"] = provenance.kernel_sources("cuda", tree / claims.SELECTORS)
+    data.write_text(json.dumps(report))
+    assert claims.main(["--root", str(tree)]) == 0
+    readme = tree / "README.md"
+    assert "older kernel" not in readme.read_text().split("<!-- claims: readme-h200 -->")[1].split("<!-- /")[0]
+    assert claims.main(["--check", "--root", str(tree)]) == 0
+
+    split = tree / claims.SELECTORS / "cuda/split.cu"
+    split.write_text(split.read_text() + "\n// a change to a kernel this run did not time\n")
+    claims.tree_digests.cache_clear()
+    assert claims.main(["--check", "--root", str(tree)]) == 0
+
+    kernel = tree / claims.SELECTORS / "cuda/deepselect.cu"
+    kernel.write_text(kernel.read_text().replace("#include", "// edited after the run\n#include", 1))
+    claims.tree_digests.cache_clear()
+    assert claims.main(["--check", "--root", str(tree)]) == 1
+    assert "Measured on an older kernel**: the sources of deepselect (sha256:" in capsys.readouterr().err
+    assert claims.main(["--root", str(tree)]) == 0
+    block = readme.read_text().split("<!-- claims: readme-h200 -->")[1].split("<!-- /")[0]
+    assert "Measured on an older kernel**: the sources of deepselect" in block and "native (" not in block
+    claims.tree_digests.cache_clear()
 
 
 def test_an_indexer_fidelity_run_renders_with_one_mapping_edit(claims: ModuleType, tree: Path,

@@ -8,6 +8,8 @@ import pytest
 from logitreplay.archive import Archive
 from logitreplay.errors import ArchiveError, ReplayError, SelectorError
 from logitreplay.replay import ReplayConfig, case_count, merge_runs, run_replay
+from logitreplay.replay.results import validate
+from logitreplay.selectors import provenance
 from tests.plugins import plugin_case
 
 SELECTORS = ("reference", "tests.plugins:make_good")
@@ -38,6 +40,18 @@ def test_a_replay_is_one_call_with_the_cli_defaults(archive: str) -> None:
     assert run.places == [0, 1, 2] and len(run.inputs) == 1
     assert run.config.device == "cpu" and run.config.scale == "small"
     assert result.environment["inputs"] == run.inputs and "torch" in result.environment
+
+
+def test_a_report_records_its_kernels_sources_and_its_peers_versions(archive: str) -> None:
+    """Which code made the figures: the bundled kernels' source digests on the run's device kind (the CPU
+    models here), and a peer's version (or the library file it was given)."""
+    run = run_replay(ReplayConfig(locations=(archive,), selectors=("reference", "vllm-native@/nowhere/lib.so"),
+                                  device="cpu", rounds=1))
+    env = run.result.environment
+    assert env["kernel_sources"] == provenance.kernel_sources("cpu")
+    assert set(env["kernel_sources"]) == {"native", "deepselect", "split"}
+    assert env["peer_versions"] == {"vllm-native@/nowhere/lib.so": "from lib.so"}
+    validate(run.result.to_json())
 
 
 def test_subsets_of_cases_merge_into_the_whole_run(archive: str) -> None:

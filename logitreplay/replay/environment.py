@@ -14,10 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from logitreplay.selectors.provenance import kernel_sources
+
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """What a reader needs to trust or reproduce the numbers: versions, CPU, and on CUDA the GPU, driver,
-    CUDA runtime and the SM clock at the start (the command adds the clock at the end)."""
+    """What a reader needs to trust or reproduce the numbers: versions, CPU, the source digest of each
+    bundled kernel on this device kind (`kernel_sources`: which code a table's figures came from), and
+    on CUDA the GPU, driver, CUDA runtime and the SM clock at the start (the command adds the clock at
+    the end)."""
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -26,6 +30,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "kernel_sources": kernel_sources(device.type),
     }
     if device.type == "cuda":
         env.update(_gpu(device))

@@ -30,6 +30,7 @@ from logitreplay.replay.results import CaseResult, ReplayResult
 from logitreplay.replay.sources import open_cases
 from logitreplay.selectors import Selector, build, load_factory
 from logitreplay.selectors.auto import RULE_ENV
+from logitreplay.selectors.provenance import peer_versions
 from logitreplay.selectors.registry import factory_spec, needs_own_process
 
 T = TypeVar("T")
@@ -176,6 +177,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
         notes.append(f"{n} archive{'s' if n != 1 else ''} named more than once: each archive is replayed once")
     env = environment(dev)
     env["inputs"] = pinned + ([f"suite {config.suite} ({config.scale})"] if config.suite else [])
+    env["peer_versions"] = peer_versions(list(config.selectors))
     read_bandwidth: float | None = None
     if dev.type == "cuda":
         from logitreplay.replay.timing_cuda import measure_read_bandwidth
