@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from logitreplay.archive import Archive, Case
 from logitreplay.archive.calls import read_calls
-from logitreplay.capture import sglang_plugin, sglang_sites, vllm_plugin
+from logitreplay.capture import serving, sglang_plugin, sglang_sites
 from logitreplay.capture.policy import Policy
 from logitreplay.capture.sglang_plugin import SglangCapture
 from logitreplay.cli import main
@@ -232,9 +232,9 @@ def _worker(out: str, policy: str, kill: bool, tp: tuple[int, int, int], ranks: 
     """A scheduler process: plugins loaded as `run_scheduler_process` does, ranks published, two forwards,
     then the end of a multiprocessing child (its exit function, then the interpreter's) or a SIGKILL."""
     torch.set_num_threads(1)
-    os.environ[vllm_plugin.ENV_DIR] = out
-    os.environ[vllm_plugin.ENV_POLICY] = policy
-    os.environ[vllm_plugin.ENV_RANKS] = ranks
+    os.environ[serving.ENV_DIR] = out
+    os.environ[serving.ENV_POLICY] = policy
+    os.environ[serving.ENV_RANKS] = ranks
     from sglang.srt import plugins
 
     group = plugins.GENERAL_PLUGINS_GROUP  # the entry point as installed from pyproject.toml
@@ -247,7 +247,7 @@ def _worker(out: str, policy: str, kill: bool, tp: tuple[int, int, int], ranks: 
     runner.forward(decode_batch(runner, [130, 70, 20]))
     runner.forward(extend_batch(runner, TWO))
     if kill:
-        assert vllm_plugin._active is not None and vllm_plugin._active.writer is not None
+        assert serving._active is not None and serving._active.writer is not None
         _await_summary(Path(out), 2 * LAYERS)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -344,9 +344,9 @@ def test_plugin_is_registered_and_off_without_its_variable(monkeypatch: pytest.M
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     target = pyproject["project"]["entry-points"]["sglang.srt.plugins"]["logitreplay_capture"]
     assert target == "logitreplay.capture.sglang_plugin:register"
-    monkeypatch.delenv(vllm_plugin.ENV_DIR, raising=False)
+    monkeypatch.delenv(serving.ENV_DIR, raising=False)
     sglang_plugin.register()
-    assert vllm_plugin._active is None
-    monkeypatch.setenv(vllm_plugin.ENV_DIR, str(tmp_path / "cap.zarr"))
+    assert serving._active is None
+    monkeypatch.setenv(serving.ENV_DIR, str(tmp_path / "cap.zarr"))
     sglang_plugin.register()
-    assert isinstance(vllm_plugin._active, SglangCapture)
+    assert isinstance(serving._active, SglangCapture)

@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from logitreplay.archive import Archive, Case
-from logitreplay.capture import vllm_plugin
+from logitreplay.capture import serving, vllm_plugin
 from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
 from logitreplay.capture.writer import count_requests
@@ -96,8 +96,8 @@ def _worker(out: str, policy: str, kill: bool) -> None:
     """A vLLM worker: the plugin is loaded in the process, two chunks are captured, and the process ends as
     a forked multiprocessing child does (os._exit after multiprocessing's exit function), or is SIGKILLed."""
     torch.set_num_threads(1)  # the parent's OpenMP pool does not survive the fork
-    os.environ[vllm_plugin.ENV_DIR] = out
-    os.environ[vllm_plugin.ENV_POLICY] = policy
+    os.environ[serving.ENV_DIR] = out
+    os.environ[serving.ENV_POLICY] = policy
     vllm_plugin.register()
     layer = _layer()
     for seed, requests in enumerate((TWO, ONE)):
@@ -106,7 +106,7 @@ def _worker(out: str, policy: str, kill: bool) -> None:
         torch.save({"seen": step.seen[-1], "written": layer.indexer.topk_indices_buffer[: step.tokens].clone()},
                    f"{out}.{seed}.pt")
     if kill:
-        assert vllm_plugin._active is not None and vllm_plugin._active.writer is not None
+        assert serving._active is not None and serving._active.writer is not None
         _await_summary(Path(out), 2)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -166,8 +166,8 @@ def _rank(out: str, rank: int, sizes: list[int], init: str) -> None:
     torch.set_num_threads(1)
     dist._TP_RANK, dist._TP_SIZE = rank, len(sizes)
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=len(sizes))
-    os.environ[vllm_plugin.ENV_DIR] = out
-    os.environ[vllm_plugin.ENV_POLICY] = "every"
+    os.environ[serving.ENV_DIR] = out
+    os.environ[serving.ENV_POLICY] = "every"
     vllm_plugin.register()
     layer = _layer()
     step = _step(layer, TWO, row_shard_sizes=sizes)
@@ -236,7 +236,7 @@ def test_default_policy_once_per_layer_and_width(tmp_path: Path) -> None:
 
 
 def test_nothing_is_captured_while_a_graph_is_captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_plugin, "_capturing_graph", lambda logits: True)
+    monkeypatch.setattr(serving, "_capturing_graph", lambda logits: True)
     capture = _capture(tmp_path)
     layer = _layer()
     run(layer, _step(layer, TWO))
@@ -327,14 +327,14 @@ def test_plugin_is_registered_and_off_without_its_variable(monkeypatch: pytest.M
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     target = pyproject["project"]["entry-points"]["vllm.general_plugins"]["logitreplay_capture"]
     assert target == "logitreplay.capture.vllm_plugin:register"
-    monkeypatch.delenv(vllm_plugin.ENV_DIR, raising=False)
+    monkeypatch.delenv(serving.ENV_DIR, raising=False)
     vllm_plugin.register()  # a no-op: nothing imported, nothing patched
-    assert vllm_plugin._active is None
-    monkeypatch.setenv(vllm_plugin.ENV_DIR, str(tmp_path / "cap.zarr"))
+    assert serving._active is None
+    monkeypatch.setenv(serving.ENV_DIR, str(tmp_path / "cap.zarr"))
     monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent: log, never raise
     with caplog.at_level(logging.ERROR, logger="logitreplay.capture"):
         vllm_plugin.register()
-    assert vllm_plugin._active is None and "capture not enabled" in caplog.text
+    assert serving._active is None and "capture not enabled" in caplog.text
 
 
 @pytest.mark.gpu

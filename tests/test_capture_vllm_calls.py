@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from logitreplay.archive import Archive
 from logitreplay.archive.calls import CallCount, read_calls
-from logitreplay.capture import vllm_plugin
+from logitreplay.capture import serving
 from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
 from logitreplay.cli import main
@@ -111,7 +111,7 @@ def test_calls_outside_a_step_are_one_untimed_forward_and_graph_captures_are_not
     with set_forward_context({layer.indexer.k_cache.prefix: s.attn_metadata for layer in runner.layers}):
         runner._model_forward(torch.zeros(s.total_num_scheduled_tokens, 8), s.index_q, s.index_weights)
     with monkeypatch.context() as m:
-        m.setattr(vllm_plugin, "_capturing_graph", lambda t: True)
+        m.setattr(serving, "_capturing_graph", lambda t: True)
         _serve(runner, _scheduled(runner, SECOND))  # every call under graph capture: an empty step, not recorded
     _serve(runner, _scheduled(runner, SECOND))
     summary = capture.close()

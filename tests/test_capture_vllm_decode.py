@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from logitreplay.archive import Archive, Case
-from logitreplay.capture import vllm_plugin
+from logitreplay.capture import serving
 from logitreplay.capture.policy import Policy
 from logitreplay.capture.vllm_plugin import VllmCapture
 from logitreplay.cli import main
@@ -132,7 +132,7 @@ def test_nothing_is_staged_while_a_graph_is_captured(tmp_path: Path, monkeypatch
         asked.append(t)
         return True
 
-    monkeypatch.setattr(vllm_plugin, "_capturing_graph", capturing)
+    monkeypatch.setattr(serving, "_capturing_graph", capturing)
     capture = _capture(tmp_path)
     layer, step = _one_step()
     run(layer, step)

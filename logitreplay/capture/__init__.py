@@ -5,7 +5,7 @@ what to run); `CaptureWriter` stages matrices off the hot path and writes them t
 says which calls are kept and `PolicyState` is its running state in one process. The vLLM plugin
 (`logitreplay.capture.vllm_plugin`) and the SGLang plugin (`logitreplay.capture.sglang_plugin`, an
 `sglang.srt.plugins` entry point), both enabled by `LOGITREPLAY_CAPTURE_DIR`, are loaded by the engine itself
-in every process that runs the model.
+in every process that runs the model; what they share is `logitreplay.capture.serving`.
 """
 
 from logitreplay.capture.hf import HFRun, capture_hf

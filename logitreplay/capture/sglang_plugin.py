@@ -8,7 +8,7 @@ nothing unless `LOGITREPLAY_CAPTURE_DIR` is set, exactly as the vLLM plugin; the
 (prefill) paths make. If `SGLANG_PLUGINS` restricts the plugins a process loads, it must name
 `logitreplay_capture`.
 
-Everything else is the vLLM plugin's, shared (`vllm_plugin.VllmCapture`): the policy (one case per policy
+Everything else is shared with the vLLM plugin (`serving.EngineCapture`): the policy (one case per policy
 key: (layer, width) for prefill, (layer, rows bucket, width bucket) for decode), the settings
 (`LOGITREPLAY_CAPTURE_POLICY`, `_RANKS`, `_PENDING_BYTES`, `_EXIT_WAIT`, `_MODEL`, `_REVISION`), the
 writer (device-to-device copies on the model's stream, a bounded queue, a side stream to the host, no host
@@ -46,11 +46,11 @@ from typing import Any
 
 import torch
 
-from logitreplay.capture import vllm_plugin
+from logitreplay.capture import serving
+from logitreplay.capture.serving import AUTO, ENV_DIR, EngineCapture, recorded_model
 from logitreplay.capture.sglang_sites import SITE
-from logitreplay.capture.vllm_plugin import AUTO, ENV_DIR, VllmCapture, recorded_model
-from logitreplay.capture.vllm_sites import Call
-from logitreplay.capture.vllm_steps import Runner
+from logitreplay.capture.sites import Call
+from logitreplay.capture.steps import Runner
 
 log = logging.getLogger("logitreplay.capture")
 
@@ -63,7 +63,7 @@ _WARMUP_FUNCTIONS = frozenset({"_dummy_run", "_warmup", "warmup", "capture_one_s
 def register() -> None:
     """The `sglang.srt.plugins` entry point. Never raises: a broken capture must not stop a server."""
     directory = os.environ.get(ENV_DIR)
-    if not directory or vllm_plugin._active is not None:
+    if not directory or serving._active is not None:
         return
     try:
         import sglang
@@ -86,8 +86,8 @@ SGLANG = Runner("sglang", (MODEL_RUNNER,), "ModelRunner", "forward", lambda args
                 lambda result: bool(getattr(result, "can_run_graph", False)))
 
 
-class SglangCapture(VllmCapture):
-    """The vLLM plugin's capture with SGLang's site, step, warm-up runs, ranks and model facts."""
+class SglangCapture(EngineCapture):
+    """The shared capture with SGLang's site, step, warm-up runs, ranks and model facts."""
 
     sites = (SITE,)
     runner = SGLANG

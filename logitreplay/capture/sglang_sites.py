@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.capture.vllm_frames import Layer
-from logitreplay.capture.vllm_sites import Call, Site
+from logitreplay.capture.frames import Layer
+from logitreplay.capture.sites import Call, Site
 from logitreplay.capture.writer import Finish, runs
 
 METADATA_MODULE = "sglang.srt.layers.attention.dsa.dsa_indexer_metadata"

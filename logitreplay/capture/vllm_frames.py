@@ -37,29 +37,8 @@ from typing import Any
 
 import torch
 
+from logitreplay.capture.frames import DEPTH, Layer, find_frame, host_int, host_str
 from logitreplay.capture.hooks import layer_number
-
-# How far up from the op's wrapper the frames are searched: the indexer function is one or two frames
-# up; the owning layer is above torch's op dispatch, the custom-op dispatch and nn.Module's call.
-_DEPTH = 48
-
-
-@dataclass
-class Layer:
-    """The layer that called, as the case records it."""
-
-    name: str
-    index: int
-    named_from: str  # "indexer module" or "k_cache_prefix" (no owning module found)
-    compress_ratio: int | None = None
-    k_cache_prefix: str | None = None
-    candidate_source_layer: int | None = None
-
-    def attrs(self) -> dict[str, Any]:
-        key_layer = layer_number(self.k_cache_prefix) if self.k_cache_prefix else None
-        return {"layer_name": self.name, "layer_index": self.index, "layer_named_from": self.named_from,
-                "compress_ratio": self.compress_ratio, "k_cache_prefix": self.k_cache_prefix,
-                "k_cache_layer_index": key_layer}
 
 
 @dataclass
@@ -92,23 +71,10 @@ class Prefill:
         return out
 
 
-def find_frame(frame: FrameType | None, *, function: str | None = None, local: str | None = None,
-               depth: int = _DEPTH) -> FrameType | None:
-    """The nearest frame (this one or above) running `function` and/or holding the local `local`."""
-    for _ in range(depth):
-        if frame is None:
-            return None
-        if ((function is None or frame.f_code.co_name == function)
-                and (local is None or local in frame.f_locals)):
-            return frame
-        frame = frame.f_back
-    return None
-
-
 def calling_layer(frame: FrameType | None, k_cache_prefix: str | None, op: Any = None) -> Layer:
     """The layer whose indexer made this call: the first `self` above `frame` that owns an indexer op
     (`op`, when known, must be that indexer's `indexer_op`)."""
-    for _ in range(_DEPTH):
+    for _ in range(DEPTH):
         if frame is None:
             break
         owner = frame.f_locals.get("self")
@@ -127,11 +93,11 @@ def calling_layer(frame: FrameType | None, k_cache_prefix: str | None, op: Any =
         name = str(getattr(indexer, "prefix", "") or getattr(attention, "prefix", "unknown"))
         index = layer_number(name)
         if index is None:
-            index = _int(getattr(attention, "layer_id", None))
-        ratio = _int(getattr(indexer, "compress_ratio", None))
-        source = _int(getattr(attention, "candidate_source_layer", None))
+            index = host_int(getattr(attention, "layer_id", None))
+        ratio = host_int(getattr(indexer, "compress_ratio", None))
+        source = host_int(getattr(attention, "candidate_source_layer", None))
         return Layer(name, -1 if index is None else index, "indexer module",
-                     ratio if ratio is not None else _int(getattr(indexer.indexer_op, "compress_ratio", None)),
+                     ratio if ratio is not None else host_int(getattr(indexer.indexer_op, "compress_ratio", None)),
                      k_cache_prefix, source if source is not None and source >= 0 else None)
     name = k_cache_prefix or "unknown"
     index = layer_number(name)
@@ -146,31 +112,31 @@ def prefill_call(frame: FrameType | None) -> Prefill | None:
         return None
     local = f.f_locals
     chunk = local.get("chunk")
-    token_start, token_end = _int(getattr(chunk, "token_start", None)), _int(getattr(chunk, "token_end", None))
+    token_start, token_end = host_int(getattr(chunk, "token_start", None)), host_int(getattr(chunk, "token_end", None))
     if token_start is None or token_end is None:
         return None
-    row_start, row_end = _int(local.get("row_start")), _int(local.get("row_end"))
+    row_start, row_end = host_int(local.get("row_start")), host_int(local.get("row_end"))
     shard = local.get("row_shard")
     ks = local.get("cu_seqlen_ks")
     candidates = local.get("candidate_blocks")
     candidate: dict[str, Any] = {}
-    layer = calling_layer(f.f_back, _str(local.get("k_cache_prefix")))
+    layer = calling_layer(f.f_back, host_str(local.get("k_cache_prefix")))
     if candidates is not None:
         writes = bool(local.get("candidate_write", False))
         candidate = {"masked": not writes, "writes_candidates": writes,
-                     "block_size": _int(local.get("candidate_block_size")),
+                     "block_size": host_int(local.get("candidate_block_size")),
                      "source_layer": layer.candidate_source_layer if not writes else layer.index}
     return Prefill(
         layer=layer,
         token_start=token_start, token_end=token_end,
         row_start=token_start if row_start is None else row_start,
         row_end=token_end if row_end is None else row_end,
-        num_reqs=_int(getattr(chunk, "num_reqs", None)),
-        max_seqlen_k=_int(getattr(chunk, "max_seqlen_k", None)),
+        num_reqs=host_int(getattr(chunk, "num_reqs", None)),
+        max_seqlen_k=host_int(getattr(chunk, "max_seqlen_k", None)),
         layout="compressed" if local.get("row_starts") is None else "absolute",
         key_offsets=ks if isinstance(ks, torch.Tensor) else None,
-        shard=None if shard is None else {"start": _int(getattr(shard, "start", None)),
-                                          "stop": _int(getattr(shard, "stop", None)),
+        shard=None if shard is None else {"start": host_int(getattr(shard, "start", None)),
+                                          "stop": host_int(getattr(shard, "stop", None)),
                                           "sizes": [int(s) for s in getattr(shard, "sizes", [])]},
         candidate=candidate,
     )
@@ -208,18 +174,18 @@ def selection_call(frame: FrameType | None) -> Selection | None:
         if f is None or f.f_locals.get("self") is None:
             return None
         op, chunk = f.f_locals["self"], f.f_locals["chunk"]
-        prefix = _str(getattr(getattr(op, "k_cache", None), "prefix", None))
+        prefix = host_str(getattr(getattr(op, "k_cache", None), "prefix", None))
         layer = calling_layer(f.f_back, prefix, op)
         local = frame.f_locals
         ks = local.get("row_ks")
-        block = _int(getattr(op, "candidate_block_size", None))
+        block = host_int(getattr(op, "candidate_block_size", None))
         return Selection(
             "sparse_mqa_logits", layer,
-            {"token_start": _int(getattr(chunk, "token_start", None)),
-             "token_end": _int(getattr(chunk, "token_end", None)), "layout": "sparse_candidates",
-             "max_seqlen_k": _int(getattr(chunk, "max_seqlen_k", None))},
-            _int(getattr(chunk, "num_reqs", None)), ks if isinstance(ks, torch.Tensor) else None,
-            {"sparse_block_kv": _int(local.get("sparse_block_kv")),
+            {"token_start": host_int(getattr(chunk, "token_start", None)),
+             "token_end": host_int(getattr(chunk, "token_end", None)), "layout": "sparse_candidates",
+             "max_seqlen_k": host_int(getattr(chunk, "max_seqlen_k", None))},
+            host_int(getattr(chunk, "num_reqs", None)), ks if isinstance(ks, torch.Tensor) else None,
+            {"sparse_block_kv": host_int(local.get("sparse_block_kv")),
              "candidate": {"masked": True, "scored": "candidate blocks only", "block_size": block,
                            "source_layer": layer.candidate_source_layer}})
     if name == "select_candidate_blocks":
@@ -232,16 +198,8 @@ def selection_call(frame: FrameType | None) -> Selection | None:
         return Selection("candidate_block_scores", facts.layer, facts.chunk_attrs(),
                          facts.num_reqs if facts.whole_chunk else None, facts.key_offsets,
                          {"candidate": {**facts.candidate,
-                                        "block_size": _int(frame.f_locals.get("block_size"))}})
+                                        "block_size": host_int(frame.f_locals.get("block_size"))}})
     return None
 
 
-def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _str(v: Any) -> str | None:
-    return None if v is None else str(v)
-
-
-__all__ = ["Layer", "Prefill", "calling_layer", "Selection", "find_frame", "prefill_call", "selection_call"]
+__all__ = ["Prefill", "Selection", "calling_layer", "prefill_call", "selection_call"]

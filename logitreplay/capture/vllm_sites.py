@@ -11,16 +11,14 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import torch
 
 from logitreplay.capture import vllm_frames
-from logitreplay.capture.vllm_frames import Layer
-from logitreplay.capture.writer import Finish
+from logitreplay.capture.frames import find_frame
+from logitreplay.capture.sites import Call, Site
 
 log = logging.getLogger("logitreplay.capture")
 
@@ -30,38 +28,6 @@ DECODE_FORWARD = "forward"  # of SparseIndexerTopk
 DEEP_SELECT = "deep_select_topk"
 _DEEP_SELECT_BINDERS = ("vllm.model_executor.kernels.attention.dsa.sparse_mqa_logits",
                         "vllm.model_executor.kernels.attention.dsa.candidate_blocks")
-
-
-@dataclass
-class Call:
-    """One intercepted top-k call, as a case will record it. Tensors stay on the model's device."""
-
-    matrix: torch.Tensor  # (rows, cols) view the kernel read
-    starts: torch.Tensor  # (rows,) row bounds in the matrix's columns
-    ends: torch.Tensor
-    reference: torch.Tensor  # (rows, top_k) indices the production kernel wrote
-    top_k: int
-    row_stride: int
-    layer: Layer
-    requests: int | None  # None: counted by the writer from key_offsets (or distinct starts)
-    key_offsets: torch.Tensor | None
-    attrs: dict[str, Any]
-    shard: dict[str, Any] | None = None  # TP row window: {"start", "stop", "sizes"}
-    row_window: tuple[int, int] | None = None
-    # Device tensors staged with the case, and the writer thread's host step over them (`CaptureWriter.submit`)
-    extras: dict[str, torch.Tensor] | None = None
-    finish: Finish | None = None
-
-
-@dataclass(frozen=True)
-class Site:
-    """An intercepted call site: the attribute `name` wrapped on every object `targets()` returns, and
-    `read(args, kwargs, result, caller_frame)` turning one call into a `Call` (None: not captured)."""
-
-    name: str
-    targets: Callable[[], list[Any]]
-    read: Callable[[tuple[Any, ...], dict[str, Any], Any, FrameType | None], Call | None]
-    source: str  # recorded as the cases' `index_source`
 
 
 def _check_strides(logits: torch.Tensor, stride0: Any, stride1: Any) -> None:
@@ -152,7 +118,7 @@ def _decode_call(logits: torch.Tensor, seq_lens: torch.Tensor, next_n: int, indi
     else:
         offsets = torch.arange(next_n, dtype=seq_lens.dtype, device=seq_lens.device)
         ends = (seq_lens.reshape(-1, 1) - next_n + 1 + offsets).clamp(min=0).reshape(-1)
-    f = vllm_frames.find_frame(frame, local="k_cache_prefix")
+    f = find_frame(frame, local="k_cache_prefix")
     prefix = f.f_locals.get("k_cache_prefix") if f is not None else None
     layer = vllm_frames.calling_layer(f.f_back if f is not None else frame,
                                       prefix if isinstance(prefix, str) else None)
@@ -198,4 +164,4 @@ SITES: tuple[Site, ...] = (
 )
 
 
-__all__ = ["DECODE_FORWARD", "DECODE_OP", "DEEP_SELECT", "OP_NAME", "SITES", "Call", "Site"]
+__all__ = ["DECODE_FORWARD", "DECODE_OP", "DEEP_SELECT", "OP_NAME", "SITES"]

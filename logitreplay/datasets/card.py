@@ -48,7 +48,7 @@ def size_category(n: int) -> str:
 def card_fields(infos: list[CaseInfo]) -> dict[str, Any]:
     """The `logitreplay` block of the front matter: what a reader needs to trust and reproduce the data."""
     provs = [i.provenance for i in infos]
-    # Provenance keys as capture records them (capture/hf.py, capture/vllm_plugin.py, capture/writer.py).
+    # Provenance keys as capture records them (capture/hf.py, capture/serving.py, capture/writer.py).
     models = _distinct([{"id": str(p["model"]), "revision": p.get("revision")} for p in provs if p.get("model")])
     engines = _distinct([{"name": str(p["engine"]), "version": p.get("engine_version")}
                          for p in provs if p.get("engine")])

@@ -57,17 +57,17 @@ def fresh_sglang(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     capture is removed."""
     from sglang.srt.model_executor.forward_context import set_token_to_kv_pool
 
-    from logitreplay.capture import sglang_plugin, vllm_plugin
+    from logitreplay.capture import serving, sglang_plugin
 
     publish(0, 1)
     set_token_to_kv_pool(None)
     for name in ("SGLANG_DSA_FUSE_TOPK", "SGLANG_OPT_USE_TOPK_V2", "SGLANG_PLUGINS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(vllm_plugin.ENV_MODEL, raising=False)
+    monkeypatch.delenv(serving.ENV_MODEL, raising=False)
     sglang_plugin._model_facts.cache_clear()
     yield
-    if vllm_plugin._active is not None:
-        vllm_plugin._active.uninstall()
+    if serving._active is not None:
+        serving._active.uninstall()
 
 
 def publish(tp_rank: int, tp_size: int, dp_size: int = 1) -> None:

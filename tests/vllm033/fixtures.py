@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from logitreplay.capture import vllm_plugin
+from logitreplay.capture import serving, vllm_plugin
 from tests.vllm033.steps import vllm_on_path
 
 
@@ -26,9 +26,9 @@ def fresh_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(dist, "_TP_RANK", 0)
     monkeypatch.setattr(dist, "_TP_SIZE", 1)
-    monkeypatch.delenv(vllm_plugin.ENV_MODEL, raising=False)
+    monkeypatch.delenv(serving.ENV_MODEL, raising=False)
     vllm_plugin._model_facts.cache_clear()
     indexer_topk.get_indexer_topk.cache_clear()
     yield
-    if vllm_plugin._active is not None:
-        vllm_plugin._active.uninstall()
+    if serving._active is not None:
+        serving._active.uninstall()

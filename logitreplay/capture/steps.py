@@ -1,7 +1,9 @@
-"""The vLLM plugin's call record: every indexer top-k call a process saw, stored or not, per engine step.
+"""The serving plugins' call record: every indexer top-k call a process saw, stored or not, per engine step.
 
-A step is one call of the model runner's `execute_model(scheduler_output, ...)` (vLLM 0.33's
-`GPUModelRunner` in `vllm/v1/worker/gpu_model_runner.py`, and V2's, the default where supported, in
+Where an engine's step is, and how a dummy run or a replayed graph is told from a real step, is its
+`Runner` (vLLM's in `vllm_plugin`, SGLang's in `sglang_plugin`); the rest is shared. For vLLM a step
+is one call of the model runner's `execute_model(scheduler_output, ...)` (vLLM 0.33's `GPUModelRunner`
+in `vllm/v1/worker/gpu_model_runner.py`, and V2's, the default where supported, in
 `vllm/v1/worker/gpu/model_runner.py`): it prepares the step's inputs, runs the model once under
 `set_forward_context` (every layer's indexer) and computes the logits; it returns None and the engine
 calls `sample_tokens` next, which is not part of the step timed here. `execute_model` is wrapped on each of
@@ -42,10 +44,6 @@ import torch
 
 from logitreplay.archive.calls import CallCount, CallRecord, Forward
 
-# vLLM 0.33's model runners (V1, V2); each defines `GPUModelRunner.execute_model`.
-RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
-RUNNER_CLASS = "GPUModelRunner"
-STEP_FUNCTION = "execute_model"
 EVENTS, WALL = "cuda-events", "wall"
 
 
@@ -63,9 +61,6 @@ class Runner:
     graph_replayed: Callable[[Any], bool] = lambda result: False
 
 
-VLLM = Runner("vllm", RUNNER_MODULES, RUNNER_CLASS, STEP_FUNCTION, lambda args, kwargs: bool(kwargs.get("dummy_run")))
-
-
 @dataclass
 class _Step:
     calls: Counter[tuple[int, int, int, str | None, str]] = field(default_factory=Counter)
@@ -77,7 +72,7 @@ class _Step:
 class Steps:
     """The steps and the calls of one process (the model's thread enters and counts; `record` reads)."""
 
-    def __init__(self, runner: Runner = VLLM) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.graph_steps = 0  # real steps run as a replayed CUDA graph: their calls are not counted
         self.timer: str | None = None
@@ -229,4 +224,4 @@ class Steps:
                 step.events = None
 
 
-__all__ = ["EVENTS", "RUNNER_CLASS", "RUNNER_MODULES", "STEP_FUNCTION", "VLLM", "WALL", "Runner", "Steps"]
+__all__ = ["EVENTS", "WALL", "Runner", "Steps"]
