@@ -3,7 +3,8 @@
 # bundled kernels, run the GPU tests named in $PLAIN_TESTS (before the peers are importable: the SGLang
 # capture tests bring their own SGLang tree), unpack the peers staged in .peers/ (by
 # shared/gpu/peer-kernels; kept in /tmp/peers between runs), run the peers' GPU tests, then
-# bench/peers.py for the suites in $SUITES at $SCALE (none: no replay). $PLAIN_TESTS: test paths or node
+# bench/peers.py for the suites in $SUITES at $SCALE (none: no replay). The regression check of the bundled
+# kernels (bench/regress.py) runs after the build on every run. $PLAIN_TESTS: test paths or node
 # ids, one pytest each, with $PYTEST_ARGS (e.g. -m gpu: only a file's GPU tests).
 #   SUITES=probe,decode SCALE=full bash bench/peers_gpu.sh      (.peers and .whl in the tree)
 # Everything is written to $OUT as it is made (a run cut short keeps what it finished): the build and
@@ -26,6 +27,9 @@ t0=$(date +%s)
 python3 -c "$cli" build-kernels > "$out/build.log" 2>&1 || { tail -5 "$out/build.log"; exit 3; }
 tail -2 "$out/build.log"
 echo "build: $(( $(date +%s) - t0 )) s"
+# The bundled kernels against their last committed medians, on every run (bench/regress.py).
+python3 bench/regress.py --out "$out/regress" > "$out/regress.log" 2>&1 || failed=1
+sed -n '/REGRESSION CHECK/,$p' "$out/regress.log"
 # One pytest per test item, under `timeout` (a hung test costs only its own item, and pytest's
 # faulthandler prints every thread's stack after $STACKS_S s, so a hang shows where it is).
 n=0
