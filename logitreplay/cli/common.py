@@ -49,18 +49,35 @@ def _json_target(ctx: click.Context, param: click.Parameter, value: str | None) 
     refuse a directory and any existing file that is not JSON, instead of writing over an archive."""
     if value is None or value == STDOUT:
         return value
-    path = Path(value)
-    if path.is_dir():
+    if Path(value).is_dir():
         raise click.BadParameter(f"{value} is a directory (write `--json -`, or put --json last, to print "
                                  "to stdout)", ctx, param)
-    if path.is_file() and path.stat().st_size:
-        with path.open("rb") as f:
-            head = f.read(64).lstrip()
-        if head[:1] not in (b"{", b"["):
-            raise click.BadParameter(f"{value} exists and is not a JSON file; refusing to overwrite it (write "
-                                     "`--json -`, or put --json last, to print to stdout)", ctx, param)
-    check_file_target(path, "--json")
+    check_json_target(Path(value), "--json", " (write `--json -`, or put --json last, to print to stdout)")
     return value
+
+
+def _head(path: Path) -> bytes | None:
+    """The first bytes of an existing, non-empty regular file (None for anything else)."""
+    if not path.is_file() or not path.stat().st_size:
+        return None
+    with path.open("rb") as f:
+        return f.read(256)
+
+
+def refuse_other_kind(path: Path, option: str, kind: str, looks_like: Callable[[bytes], bool],
+                      hint: str = "") -> None:
+    """An output file is written over only when it is empty, new, or of its own kind (a JSON report by a
+    JSON report, a CSV by a CSV): an earlier report, an archive or a plot named by mistake is kept."""
+    head = _head(path)
+    if head is not None and not looks_like(head):
+        raise click.BadParameter(f"{path} exists and is not a {kind} file; refusing to overwrite it{hint}",
+                                 param_hint=option)
+
+
+def check_json_target(path: Path, option: str, hint: str = "") -> None:
+    """`check_file_target` for a JSON output: an existing file that is not JSON is refused."""
+    refuse_other_kind(path, option, "JSON", lambda head: head.lstrip()[:1] in (b"{", b"["), hint)
+    check_file_target(path, option)
 
 
 def json_option(what: str) -> Callable[[F], F]:

@@ -2,33 +2,33 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from logitreplay.cli.common import STDOUT, emit_json, json_option, user_errors
+from logitreplay.cli.common import STDOUT, emit_json, json_option, plural, user_errors
+from logitreplay.cli.report import read_report
 from logitreplay.errors import DecisionError
-from logitreplay.replay.compare import RESAMPLES, TOLERANCE, Comparison, comparable, compare
+from logitreplay.replay.compare import (
+    MIN_SAMPLES,
+    RESAMPLES,
+    TOLERANCE,
+    TOO_FEW,
+    Comparison,
+    comparable,
+    compare,
+)
 from logitreplay.replay.report import Column, number, print_lines, render, short_names, unit, wrap
-from logitreplay.replay.results import ReplayResult, ReportError
-
-
-def _read(path: Path) -> ReplayResult:
-    try:
-        return ReplayResult.from_json(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ReportError(f"{path}: not a replay report ({type(e).__name__}: {e})") from None
-    except ValueError as e:
-        raise ReportError(f"{path}: {e}") from None
+from logitreplay.replay.results import ReplayResult
 
 
 @click.command("compare")
 @click.argument("base_path", metavar="BASE.json", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @click.argument("new_path", metavar="NEW.json", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @click.option("--fail-above", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RATIO",
-              help="Exit 1 when any ratio's whole 95% interval lies above RATIO (e.g. 1.03, for CI).")
+              help="Exit 1 when any ratio's whole 95% interval lies above RATIO (e.g. 1.03, for CI); refused "
+              f"when a ratio has fewer than {MIN_SAMPLES} samples on a side.")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=TOLERANCE, show_default=True,
               help="A ratio is flagged slower (faster) only when its interval lies above 1 + T (below 1 / (1 + T)).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap resampling.")
@@ -39,15 +39,25 @@ def _read(path: Path) -> ReplayResult:
 def compare_cmd(base_path: Path, new_path: Path, fail_above: float | None, tolerance: float, seed: int,
                 resamples: int, force: bool, json_out: str | None) -> None:
     """Compare two `replay --json` reports: per case and selector the ratio NEW / BASE of median times,
-    with a bootstrap 95% confidence interval from the stored samples, flagged faster, slower or no
-    change."""
-    base, new = _read(base_path), _read(new_path)
+    with a bootstrap 95% confidence interval from the stored samples and the samples behind it, flagged
+    faster, slower or no change; a ratio with fewer than {MIN_SAMPLES} samples on a side is flagged
+    "too few samples" instead. Two reports with no case and selector timed in both exit 1."""
+    base, new = read_report(base_path), read_report(new_path)
     why = comparable(base, new)
     if why is not None and not force:
         raise DecisionError(f"not comparable: {why} (--force compares anyway)")
     result = compare(base, new, tolerance, seed, resamples)
     if why is not None:
         result.notes.insert(0, f"compared with --force although {why}")
+    if not result.rows:
+        raise DecisionError(f"nothing to compare: no case and selector was timed in both reports ({base_path}: "
+                            f"{plural(len(base.cases), 'case')}, {new_path}: {plural(len(new.cases), 'case')})")
+    few = result.too_few()
+    if fail_above is not None and few:
+        raise DecisionError(f"--fail-above needs at least {MIN_SAMPLES} samples on each side of a ratio; "
+                            f"{plural(len(few), 'ratio')} of {len(result.rows)} have fewer (e.g. {few[0].case_id}/"
+                            f"{few[0].selector}: {few[0].base_samples} and {few[0].new_samples}): replay with more "
+                            "--rounds")
     above = [] if fail_above is None else result.above(fail_above)
     if json_out is not None:
         emit_json({"base": str(base_path), "new": str(new_path), "fail_above": fail_above, "failed": bool(above),
@@ -67,16 +77,22 @@ def _print(result: Comparison, base: ReplayResult, base_path: Path, new_path: Pa
     name_of_unit, scale = unit(base.device)
     short = short_names(base.selectors)
     columns = [Column("case", fold=True), Column("sel"), Column(f"base {name_of_unit}", right=True),
-               Column(f"new {name_of_unit}", right=True), Column("ratio", right=True),
-               Column("95% interval", right=True), Column("flag")]
+               Column(f"new {name_of_unit}", right=True), Column("n", right=True), Column("ratio", right=True),
+               Column("95% interval", right=True), Column("flag", fold=True, least=7)]
     cells = [[r.case_id, short.get(r.selector, r.selector), number(r.base_us / scale), number(r.new_us / scale),
-              f"{r.ratio:.3f}", f"{r.low:.3f}-{r.high:.3f}", r.flag] for r in result.rows]
-    lines = wrap(f"{new_path} / {base_path}: ratio of medians, bootstrap 95% interval") + render(columns, cells)
+              f"{r.base_samples}/{r.new_samples}", f"{r.ratio:.3f}", f"{r.low:.3f}-{r.high:.3f}", r.flag]
+             for r in result.rows]
+    lines = wrap(f"{new_path} / {base_path}: ratio of medians, bootstrap 95% interval; n: samples in "
+                 "BASE/NEW") + render(columns, cells)
     changed = [f"{s} = {name}" for name, s in short.items() if s != name]
     if changed:
         lines += wrap("sel: " + ", ".join(changed))
-    counts = {f: sum(r.flag == f for r in result.rows) for f in ("faster", "slower", "no change")}
-    lines.append(", ".join(f"{n} {f}" for f, n in counts.items()) + f" (tolerance {result.tolerance:g})")
+    counts = {f: sum(r.flag == f for r in result.rows) for f in ("faster", "slower", "no change", TOO_FEW)}
+    lines += wrap(", ".join(f"{n} {f}" for f, n in counts.items() if n or f != TOO_FEW)
+                  + f" (tolerance {result.tolerance:g})")
+    if counts[TOO_FEW]:
+        lines += wrap(f"{TOO_FEW}: under {MIN_SAMPLES} on a side, a 95% interval of a median is not to be had "
+                      "from the samples, so no flag (replay with more --rounds)")
     for what, items in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):
         if items:
             lines += wrap(f"{what}: {', '.join(items[:5])}" + (" ..." if len(items) > 5 else ""))

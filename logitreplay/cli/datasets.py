@@ -22,7 +22,8 @@ from logitreplay.replay.sources import describe_source
 
 @click.command("synth")
 @click.option("--suite", "suite_name", type=click.Choice(sorted(synth.SUITES)), default="seed-controls",
-              show_default=True, help="Control suite to generate.")
+              show_default=True, metavar="NAME",
+              help=f"Control suite to generate: {', '.join(sorted(synth.SUITES))}.")
 @click.option("--scale", type=click.Choice(synth.SCALES), default="small", show_default=True,
               help="full: the published shapes; small: runs in seconds on a CPU (rows and columns / 8; "
                    "decode suites: widths and lengths / 32, batches / 4).")
@@ -31,7 +32,8 @@ from logitreplay.replay.sources import describe_source
               help="Instead of a suite, write the --controls of every case of ARCHIVE (same shapes, bounds, "
               "dtype and top_k; deterministic seeds recorded), e.g. to share them without the real logits.")
 @click.option("--controls", "control_kinds", callback=controls_option, default=None,
-              metavar="matched,ablate,shuffle", help="With --like: which controls [default: all three].")
+              metavar="KIND,...", help="With --like: which controls, any of matched, ablate, shuffle, indexer "
+              "[default: matched,ablate,shuffle].")
 @json_option("The written case ids")
 @user_errors
 def synth_cmd(suite_name: str, scale: str, out: Path, like: str | None, control_kinds: tuple[str, ...],

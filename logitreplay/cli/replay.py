@@ -5,7 +5,6 @@ and prints."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -16,7 +15,8 @@ import click
 from rich.console import Console
 
 from logitreplay.cli import decisions
-from logitreplay.cli.common import STDOUT, check_file_target, json_option, plural, progress, user_errors
+from logitreplay.cli.common import STDOUT, check_json_target, json_option, progress, user_errors
+from logitreplay.cli.report import check_outputs, console_for, verdict, write_files
 from logitreplay.datasets import synth
 from logitreplay.replay import ReplayConfig, ReplayResult, TimingProtocol, report, run_replay, write_json
 from logitreplay.replay.distributed import in_rank, start, supervising
@@ -33,23 +33,25 @@ def _wanted(names: str, specs: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n.strip() for n in names.split(",") if n.strip()) + specs
 
 
-def _poison(text: str) -> float:
+def _poison(ctx: click.Context, param: click.Parameter, text: str) -> float:
+    """click callback of --poison: a finite number or nan, else a usage error naming the option."""
     try:
         value = float(text)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is neither a number nor 'nan'") from None
+        raise click.BadParameter(f"{text!r} is neither a number nor 'nan'", ctx, param) from None
     if math.isinf(value):
-        raise click.BadParameter("use a huge finite value (default 1e30) or nan; inf is a legal logit")
+        raise click.BadParameter("use a huge finite value (default 1e30) or nan; inf is a legal logit", ctx, param)
     return value
 
 
-def _check_outputs(csv_path: Path | None, plot_path: Path | None, rule_out: Path | None) -> None:
-    """Refuse, before the run, outputs that cannot be written (not after it)."""
-    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
-        raise click.ClickException("--plot needs matplotlib: pip install 'logitreplay[plot]'")
-    for path, option in ((csv_path, "--csv"), (plot_path, "--plot"), (rule_out, "--rule-out")):
-        if path is not None:
-            check_file_target(path, option)
+def _check_outputs(csv_path: Path | None, plot_path: Path | None, rule_out: Path | None,
+                   rule_path: Path | None) -> None:
+    """Refuse, before the run, outputs that cannot be written (not after it) and a --rule that is not one."""
+    check_outputs(csv_path, plot_path)
+    if rule_out is not None:
+        check_json_target(rule_out, "--rule-out")
+    if rule_path is not None:
+        DispatchRule.load(rule_path)
 
 
 def _warn_full_scale_on_cpu(config: ReplayConfig) -> None:
@@ -63,13 +65,6 @@ def _warn_full_scale_on_cpu(config: ReplayConfig) -> None:
             f"{cells['full'] / max(cells['small'], 1):.0f}x the logits of --scale small: expect about as many "
             "times its run time (progress follows on stderr)")
     click.echo("\n".join(report.wrap(text)), err=True)
-
-
-def _console(json_out: str | None) -> Console:
-    """With the JSON on stdout, everything for people goes to stderr. Off a terminal (logs, pipes, CI)
-    rich would wrap the table at 80 columns; give it room instead."""
-    console = Console(stderr=json_out == STDOUT)
-    return console if console.is_terminal else Console(stderr=json_out == STDOUT, width=220)
 
 
 def _decide(result: ReplayResult, inputs: list[str], suite: str | None, recommend: bool, per_forward: bool,
@@ -112,32 +107,14 @@ def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, pl
         unchecked = write_json(result, Path(json_out))
     if unchecked is not None:
         click.echo(f"note: {unchecked}", err=True)
-    for path, what, write in ((csv_path, "CSV", report.write_csv), (plot_path, "plot", report.write_plot)):
-        if path is not None:
-            write(result, path)
-            click.echo(f"{what} written to {path}", err=json_out == STDOUT)
-
-
-def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
-    """Failures, errors and invalid cases: exit 1 under --strict, else a RESULTS FAILED line (exit 0)."""
-    bad = report.problems(result)
-    if not bad:
-        return
-    unusable = [b for b in bad if b.endswith(("(invalid)", "(incomplete)"))]  # every one is listed
-    results = [b for b in bad if b not in unusable]
-    listed = ", ".join(results[:5] + (["..."] if len(results) > 5 else []) + unusable)
-    if strict:
-        raise click.ClickException(f"--strict: {len(bad)} failed, errored or invalid: {listed}")
-    report.print_lines(console, report.wrap(
-        f"RESULTS FAILED ({plural(len(result.cases), 'case')} x {plural(len(result.selectors), 'selector')}): "
-        f"{len(bad)} failed verification, raised, or were invalid: {listed} (exit status 0; --strict exits 1)"),
-        style="bold red")
+    write_files(result, csv_path, plot_path, err=json_out == STDOUT)
 
 
 @click.command("replay")
 @click.argument("locations", nargs=-1, metavar="[PATH|URL ...]")
-@click.option("--suite", type=click.Choice(sorted(synth.SUITES)), default=None,
-              help="Built-in control suite to replay (default with no PATH: seed-controls).")
+@click.option("--suite", type=click.Choice(sorted(synth.SUITES)), default=None, metavar="NAME",
+              help=f"Built-in control suite to replay: {', '.join(sorted(synth.SUITES))} (default with no PATH: "
+              "seed-controls).")
 @click.option("--scale", type=click.Choice(synth.SCALES), default=None,
               help="Suite scale [default: small on CPU, full on CUDA].")
 @click.option("--selectors", "names", default=",".join(DEFAULT_SELECTORS), show_default=True,
@@ -161,13 +138,14 @@ def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
               "[default: events].")
 @click.option("--l2", type=click.Choice(["cold", "warm"]), default=None,
               help="CUDA only: flush L2 before every timed call (cold) or not [default: cold].")
-@click.option("--poison", "poison_text", default="1e30", show_default=True, metavar="FLOAT|nan",
+@click.option("--poison", "poison", default="1e30", show_default=True, metavar="FLOAT|nan", callback=_poison,
               help="Value of the cells outside each row's bounds.")
 @json_option("Every sample, the protocol and the environment (with `--json` alone the table goes to stderr)")
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write one line per case and selector.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Write a PNG bar plot (needs matplotlib: pip install 'logitreplay[plot]').")
+              help="Write a bar plot; its extension names the format (.png, .pdf, .svg, ...; needs matplotlib: "
+              "pip install 'logitreplay[plot]').")
 @click.option("--wide", is_flag=True, help="The full table (whole case ids, source, DS fast path reasons, "
               "unabbreviated names) instead of the one that fits 80 columns.")
 @click.option("--recommend", is_flag=True, help="Print, per selector pair, the logits width where one overtakes "
@@ -177,10 +155,11 @@ def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds one selector may spend on one case (verify + time) before its child is killed; "
               "implies --isolate [default with --isolate: 600].")
-@click.option("--controls", callback=decisions.controls_option, default=None, metavar="matched,ablate,shuffle",
-              help="Follow every case with derived controls of the same shape: matched (normal random values), "
-              "ablate (its values + 100 and * 1e-8), shuffle (its values permuted within each row); the table "
-              "shows real / matched per selector.")
+@click.option("--controls", callback=decisions.controls_option, default=None, metavar="KIND,...",
+              help="Follow every case with derived controls of the same shape, any of: matched (normal random "
+              "values), ablate (its values + 100 and * 1e-8), shuffle (its values permuted within each row), "
+              "indexer (scores made as DeepSeek V3.2's indexer makes them); the table shows real / matched "
+              "per selector.")
 @click.option("--per-forward", is_flag=True, help="From the capture's call records, each selector's top-k time "
               "per forward pass and its share of the forward, and the calls no replayed case covers.")
 @click.option("--rule-out", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="RULE.json",
@@ -197,14 +176,14 @@ def _verdict(result: ReplayResult, strict: bool, console: Console) -> None:
 def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None, names: str,
                specs: tuple[str, ...], baseline: str | None, case_globs: tuple[str, ...],
                case_regex: str | None, device: str | None, warmup: int | None, rounds: int | None,
-               timer: str | None, l2: str | None, poison_text: str, json_out: str | None,
+               timer: str | None, l2: str | None, poison: float, json_out: str | None,
                csv_path: Path | None, plot_path: Path | None, wide: bool, recommend: bool, isolate: bool,
                timeout_s: float | None, controls: tuple[str, ...], per_forward: bool, rule_out: Path | None,
                rule_path: Path | None, strict: bool, devices: str | None) -> None:
     """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
     control suite against top-k selectors: verify every selector's output, time the verified ones, and
     print a table of median times and ratios to a baseline."""
-    _check_outputs(csv_path, plot_path, rule_out)
+    _check_outputs(csv_path, plot_path, rule_out, rule_path)
     selectors = _wanted(names, specs)
     if rule_path is None and "auto" in selectors and not os.environ.get(RULE_ENV):
         raise click.BadParameter("the auto selector needs --rule RULE.json (from --rule-out)", param_hint="--rule")
@@ -213,7 +192,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                                  param_hint="--rule")
     config = ReplayConfig(locations, suite, scale, selectors, baseline, case_globs, case_regex, controls,
                           device=device, warmup=warmup, rounds=rounds, timer=timer, l2=l2,  # type: ignore[arg-type]
-                          poison=_poison(poison_text), isolate=isolate, timeout_s=timeout_s, rule_path=rule_path)
+                          poison=poison, isolate=isolate, timeout_s=timeout_s, rule_path=rule_path)
     _warn_full_scale_on_cpu(config)
     if devices is not None or supervising():
         raise SystemExit(start(devices, config, sys.argv[1:]))
@@ -221,8 +200,8 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     if run is None:  # a rank other than 0: rank 0 writes the report
         return
     result = run.result
-    console = _console(json_out)
+    console = console_for(stderr=json_out == STDOUT)
     report.print_report(result, console, wide)
     _decide(result, run.inputs, run.config.suite, recommend, per_forward, rule_path, rule_out, console)
     _write(result, json_out, csv_path, plot_path)
-    _verdict(result, strict, console)
+    verdict(result, strict, console)

@@ -9,6 +9,14 @@ A ratio is flagged `slower` when its whole interval lies above 1 + tolerance, `f
 1 / (1 + tolerance), else `no change`: two identical runs differ by a fraction of a percent of drift
 (bench/RESULTS.md: 0.4% on the H200), which a tight interval would otherwise call a change.
 
+Every ratio states its samples (`base_samples`, `new_samples`). Below `MIN_SAMPLES` on either side a ratio
+is flagged `too few samples`, never faster or slower, and `--fail-above` refuses to judge it: a
+distribution-free 95% interval of a median needs at least 6 samples (with 5, even the whole range of
+the samples covers the median only 94% of the time), and the bootstrap's percentile interval, whose
+resampled medians can only take the few sampled values, is narrower than the truth well beyond that
+(two identical runs of 3 samples each would call most ratios a change). 10 samples per side is what
+`replay --rounds 10` gives on a CPU; a CUDA replay takes 40 by default.
+
 Reports are only comparable when they ran on the same device kind and GPU (CPU for CPU reports) under
 the same timing protocol; `comparable` says why not, and the caller refuses unless forced. Differences
 in library versions or driver are noted, not refused. A report's GPUs are those that timed its cases
@@ -29,6 +37,8 @@ from logitreplay.replay.results import ReplayResult
 
 RESAMPLES = 2000
 TOLERANCE = 0.01
+MIN_SAMPLES = 10  # per side, for a flag other than `too few samples` and for --fail-above
+TOO_FEW = "too few samples"
 _NOTED = ("torch", "driver", "cuda_runtime", "python", "numpy")
 
 
@@ -43,7 +53,9 @@ class RatioCI:
     ratio: float
     low: float
     high: float
-    flag: str  # "faster" | "slower" | "no change"
+    flag: str  # "faster" | "slower" | "no change" | TOO_FEW
+    base_samples: int = 0
+    new_samples: int = 0
     base_gpu: str | None = None  # the GPU that timed the case in each report (None on CPU): across GPU kinds
     new_gpu: str | None = None   # (`merge` of jobs on several kinds, or `--force`) this says how it moved
 
@@ -61,8 +73,13 @@ class Comparison:
         return asdict(self)
 
     def above(self, limit: float) -> list[RatioCI]:
-        """The rows whose whole interval lies above `limit` (`--fail-above`)."""
-        return [r for r in self.rows if r.low > limit]
+        """The rows whose whole interval lies above `limit` (`--fail-above`), among those with enough
+        samples to judge (`too_few` lists the others)."""
+        return [r for r in self.rows if r.low > limit and r.flag != TOO_FEW]
+
+    def too_few(self) -> list[RatioCI]:
+        """The rows with fewer than MIN_SAMPLES samples on a side: no flag, no --fail-above."""
+        return [r for r in self.rows if r.flag == TOO_FEW]
 
 
 def comparable(base: ReplayResult, new: ReplayResult) -> str | None:
@@ -122,8 +139,11 @@ def compare(base: ReplayResult, new: ReplayResult, tolerance: float = TOLERANCE,
             rng = np.random.default_rng([seed, _stable(f"{case.case_id}/{selector}")])
             ratio, low, high = bootstrap_ratio(np.asarray(t_base.samples_us), np.asarray(t_new.samples_us), rng,
                                                resamples)
+            n = len(t_base.samples_us), len(t_new.samples_us)
             out.rows.append(RatioCI(case.case_id, selector, t_base.median_us, t_new.median_us, ratio, low, high,
-                                    flag(low, high, tolerance), gpus[0][case.case_id], gpus[1].get(case.case_id)))
+                                    flag(low, high, tolerance) if min(n) >= MIN_SAMPLES else TOO_FEW,
+                                    base_samples=n[0], new_samples=n[1], base_gpu=gpus[0][case.case_id],
+                                    new_gpu=gpus[1].get(case.case_id)))
     out.only_new = [f"{c}/{s}" for (c, s) in timed_new if (c, s) not in seen]
     return out
 
@@ -168,4 +188,4 @@ def _stable(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
-__all__ = ["AutoScore", "Comparison", "RatioCI", "auto_vs_best", "bootstrap_ratio", "compare", "comparable", "flag"]
+__all__ = ["MIN_SAMPLES", "TOO_FEW", "AutoScore", "Comparison", "RatioCI", "auto_vs_best", "bootstrap_ratio", "compare", "comparable", "flag"]

@@ -205,7 +205,7 @@ def _collect(store: Any, config: ReplayConfig, shares: list[list[int]], ids: lis
             notes.append(f"rank {r} stopped: {gave_up}; its cases not replayed are reported lost")
         written = _get(store, f"rank/{r}")  # the record a rank writes when its share is done
         record: dict[str, Any] = json.loads(written) if written else {
-            "rank": r, "host": "", "device": "", "gpu": None, "cases": [ids[p] for p in share],
+            "rank": r, "host": None, "device": "", "gpu": None, "cases": [ids[p] for p in share],
             "lost": [ids[p] for p in missing]}
         ranks.append(record)
         summary = summaries[r]

@@ -27,6 +27,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "platform": platform.platform(),
+        "host": platform.node(),  # which machine (a merge of several jobs' reports names each one's)
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

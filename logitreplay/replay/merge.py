@@ -44,12 +44,12 @@ def _mixed(a: ReplayResult, b: ReplayResult) -> str | None:
 
 
 def _ranks_of(name: str, report: ReplayResult) -> list[dict[str, Any]]:
-    """A report's ranks, each naming the report it came from; a single-process report is one rank (of an
-    unrecorded host)."""
+    """A report's ranks, each naming the report it came from; a single-process report is one rank, of the
+    host its environment names (null for a report that did not record it)."""
     if report.ranks:
         return [{**r, "job": name} for r in report.ranks]
     gpu = report.environment.get("gpu") if report.device.startswith("cuda") else None
-    return [{"rank": 0, "host": "", "device": report.device, "gpu": gpu,
+    return [{"rank": 0, "host": report.environment.get("host") or None, "device": report.device, "gpu": gpu,
              "cases": [c.case_id for c in report.cases], "lost": [], "job": name}]
 
 

@@ -423,9 +423,9 @@ def plot_figure(result: ReplayResult) -> Any:
 
 
 def write_plot(result: ReplayResult, path: Path) -> None:
-    """`plot_figure` as a PNG."""
+    """`plot_figure` in the format its extension names (`.png`, `.pdf`, `.svg`, ...), at exactly `path`."""
     import matplotlib.pyplot as plt
 
     fig = plot_figure(result)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
     plt.close(fig)
