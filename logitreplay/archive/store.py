@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from logitreplay.archive.case import CASE_ARRAYS, DTYPES, MAX_INDEX, STORAGE_DTYPE, Case, sha256_of
+from logitreplay.archive.chunks import check_codecs
+from logitreplay.archive.chunks import install as install_chunk_checks
 from logitreplay.archive.guards import (
     LOCK_FILE,
     check_array,
@@ -67,9 +69,11 @@ def _codecs() -> list[Any]:
     # Measured by bench/codecs.py (bench/RESULTS.md): on normal float32 logits Blosc lz4+bitshuffle
     # compresses a little better than Zstd-1 (1.11x vs 1.08x) and decodes ~2x faster; Zstd-1 wins only on
     # rows of mostly exact zeros. Capture writes and replay reads at speed, so speed decides.
-    from zarr.codecs import BloscCodec
+    # A CRC-32C of each compressed chunk follows it, checked before Blosc decodes a byte (chunks.py).
+    from zarr.codecs import BloscCodec, Crc32cCodec
 
-    return [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")]
+    install_chunk_checks()
+    return [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"), Crc32cCodec()]
 
 
 def chunk_shape(data: np.ndarray) -> tuple[int, ...]:
@@ -115,6 +119,7 @@ class Archive:
         """Create (or, with `exist_ok`, reopen for appending) a directory archive."""
         import zarr
 
+        install_chunk_checks()
         p = Path(path)
         if p.suffix == ".zip":
             raise ArchiveError(f"{p}: write to a directory archive, then `pack` it to a zip")
@@ -142,6 +147,7 @@ class Archive:
         import zarr
         from zarr.storage import ZipStore
 
+        install_chunk_checks()
         loc = os.fspath(location)
         is_url = "://" in loc
         prefix = ""  # the archive's folder inside a zip made with `zip -r f.zip f.zarr`
@@ -423,6 +429,7 @@ def _open_array(case_id: str, grp: Any, name: str, dtype: np.dtype[Any], shape: 
     except Exception as e:  # unparsable metadata, an unknown codec, a node type that lies
         raise ArchiveError(f"{where}: unreadable array metadata ({type(e).__name__}: {one_line(e)})") from None
     check_array(where, arr, dtype, shape)
+    check_codecs(where, arr)
     return arr
 
 
@@ -430,9 +437,12 @@ def _read_array(case_id: str, name: str, arr: Any, checksums: dict[str, Any]) ->
     """The data of a checked array, verified against its recorded sha256."""
     try:
         data = np.asarray(arr[...])
+    except ArchiveError as e:  # chunks.CheckedBlosc refused it, or guards.py refused its file
+        raise ArchiveError(f"case {case_id}: field {name}: {e}") from None
     except Exception as e:  # a damaged chunk fails inside the codec with any exception type
-        raise ArchiveError(f"case {case_id}: field {name}: checksum error: chunk unreadable "
-                           f"({type(e).__name__}: {one_line(e)})") from None
+        why = ("a chunk's CRC-32C does not match (damaged chunk; refused before decompression)"
+               if "checksum do not match" in str(e) else f"chunk unreadable ({type(e).__name__}: {one_line(e)})")
+        raise ArchiveError(f"case {case_id}: field {name}: checksum error: {why}") from None
     want = checksums.get(name)
     if want is None:
         raise ArchiveError(f"case {case_id}: field {name}: no checksum recorded")

@@ -54,12 +54,20 @@ def export_cmd(location: str, case_globs: tuple[str, ...], out: Path, fill: floa
     archive = Archive.open(location)
     known = archive.case_ids()
     check_globs(known, case_globs)
-    written = [str(export_case(archive.read(cid), out, fill, overwrite)) for cid in known
-               if matches(cid, case_globs)]
+    written, damaged = [], []
+    for cid in (c for c in known if matches(c, case_globs)):  # a damaged case never stops the others
+        try:
+            case = archive.read(cid)
+        except ArchiveError as e:
+            damaged.append(str(e).removeprefix("case "))
+            continue
+        written.append(str(export_case(case, out, fill, overwrite)))
     if json_out is not None:
-        emit_json({"files": written}, json_out)
+        emit_json({"files": written, "damaged": damaged}, json_out)
     else:
         click.echo(f"wrote {plural(len(written), 'file')} to {out}")
+    if damaged:
+        raise ArchiveError(f"{plural(len(damaged), 'case')} not exported (damaged): {'; '.join(damaged)}")
 
 
 @click.command("import")

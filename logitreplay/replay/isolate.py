@@ -39,7 +39,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -103,9 +103,11 @@ class _End:
     culprit: str | None = None
 
 
-def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -> Iterator[tuple[int, CaseResult]]:
+def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str],
+              ids: Sequence[str] = ()) -> Iterator[tuple[int, CaseResult]]:
     """Every case of `job` from its start as (case index, result of the job's selectors), each once all
-    of them are known; a worker that ends early is replaced as the module docstring says, with a note."""
+    of them are known; a worker that ends early is replaced as the module docstring says, with a note.
+    `ids`: the case id at each index (from the metadata), to name a case no worker could read."""
     headers: dict[int, CaseResult] = {}
     parts: dict[int, dict[str, SelectorResult]] = {}  # every result on each case so far, from every worker
     done: set[int] = set()  # the cases yielded
@@ -127,7 +129,7 @@ def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -
                     yield index, _whole(case, parts[index], job.names)
         if end is None:
             return
-        job = _after(job, end, total, headers, parts, stalled, notes)
+        job = _after(job, end, total, headers, parts, stalled, notes, ids)
         i = end.index
         if i not in done and i in headers and (headers[i].invalid or set(job.names) <= set(parts.get(i, {}))):
             done.add(i)
@@ -136,7 +138,7 @@ def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str]) -
 
 def _after(job: Job, end: _End, total: int, headers: dict[int, CaseResult],
            parts: dict[int, dict[str, SelectorResult]], stalled: dict[int, tuple[tuple[str, ...], bool]],
-           notes: list[str]) -> Job:
+           notes: list[str], ids: Sequence[str] = ()) -> Job:
     """The job of the next worker after `end`, recording the result it settles; never `job` itself twice
     in a row for one case more than once (`stalled`: per case, what was known there when an end settled
     nothing, so that a second such end gives up on it)."""
@@ -144,9 +146,10 @@ def _after(job: Job, end: _End, total: int, headers: dict[int, CaseResult],
     if i >= total:  # it ended after its last result, before saying it was done: nothing is left to run
         return replace(job, start=i, known=(), one_by_one=False)
     if not end.started or i not in headers:  # it died reading the case: unusable, the run goes on after it
-        headers[i] = CaseResult(f"#{i}", 0, 0, 0, "-", 0, "unreadable", 0,
+        cid = ids[i] if i < len(ids) else f"#{i}"
+        headers[i] = CaseResult(cid, 0, 0, 0, "-", 0, "unreadable", 0,
                                 invalid=f"the worker died while reading this case: {end.reason}")
-        notes.append(f"case {i} (0-based) could not be read: {end.reason}")
+        notes.append(f"case {cid} could not be read: {end.reason}")
         return replace(job, start=i + 1, known=(), one_by_one=False)
     have = parts.setdefault(i, {})  # every result on case i so far, from this worker and the ones before
     unresolved = [n for n in end.step or () if n not in have]

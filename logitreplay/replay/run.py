@@ -27,7 +27,7 @@ from logitreplay.replay.environment import environment, sm_clock_mhz
 from logitreplay.replay.isolate import Job, merge, start_server, supervise
 from logitreplay.replay.protocol import TimingProtocol
 from logitreplay.replay.results import CaseResult, ReplayResult
-from logitreplay.replay.sources import open_cases
+from logitreplay.replay.sources import case_costs, open_cases
 from logitreplay.selectors import Selector, build, load_factory
 from logitreplay.selectors.auto import RULE_ENV
 from logitreplay.selectors.provenance import peer_versions
@@ -151,6 +151,14 @@ def case_count(config: ReplayConfig) -> int:
     return total
 
 
+def _case_ids(config: ReplayConfig) -> list[str]:
+    """The id of each case of the run, in its order, from the metadata alone (no case is read)."""
+    costs, _ = case_costs(list(config.locations), config.suite, config.scale or "small", config.controls,
+                          config.case_globs, config.case_regex)
+    ids = [cid for entry in costs for cid in entry.ids]
+    return ids if config.case_indices is None else [ids[p] for p in sorted(set(config.case_indices))]
+
+
 def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> ReplayRun:
     """Replay `config`'s cases against its selectors: verify, time, and report (module docstring).
 
@@ -170,6 +178,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
     _, total, pinned = open_cases(list(config.locations), config.suite, config.scale or "small",
                                       controls=config.controls, case_globs=config.case_globs,
                                       case_regex=config.case_regex, only=config.case_indices)
+    ids = _case_ids(config)
     if total == 0:
         raise ArchiveError("nothing to replay: the archives hold no complete case")
     if len(pinned) < len(config.locations):
@@ -198,7 +207,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
     per_selector: dict[str, dict[int, CaseResult]] = {}
     for one in jobs:
         label = f"replay ({one.names[0]} alone)" if alone else "replay"
-        for index, case_result in progress(supervise(one, total, timeout_s, notes), total, label):
+        for index, case_result in progress(supervise(one, total, timeout_s, notes, ids), total, label):
             for name in one.names:
                 per_selector.setdefault(name, {})[index] = case_result
     result.cases = merge(per_selector, columns, total)
