@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from logitreplay.selectors.upstream import catalog
+
 CLI = "import sys; from logitreplay.cli import main; sys.exit(main())"
 BUNDLED = ("native", "deepselect", "split", "auto")
-PEERS = ("flashinfer", "flashinfer-ragged", "flashinfer-ragged-cub", "flashinfer-paged", "flashinfer-paged-cub",
-         "flashinfer-paged-shuffled", "flashinfer-topk", "flashinfer-topk-cub", "sglang-ragged-v2",
-         "sglang-paged-v2", "sglang-paged-v2-shuffled", "sgl-fast-topk", "sgl-fast-topk-paged",
-         "sgl-fast-topk-paged-shuffled", "sgl-fast-topk-ragged", "cudnn-indexer-topk", "deepselect-upstream")
+# Every declared adapter but vLLM's own kernels (bench/fidelity.py measures those), in name order.
+PEERS = tuple(n for n, e in catalog.adapters().items() if e.declared.release.source.dist != "vllm")
 # `auto` dispatches by the rule fitted on the H200's replays (bench/decisions.py --fit). The 2026-12-03
 # rule was fitted on stress, indexer and indexer-decode too (their 2026-12-03 runs), so a new run of
 # those suites re-measures the rule on the cases it was fitted on (new timings, not new cases): a test
@@ -114,11 +114,13 @@ def run(args: argparse.Namespace) -> None:
 
 
 def versions() -> dict[str, str]:
-    """The date, and each peer's version as this process finds it (or why not)."""
+    """The date, and each peer's version as this process finds it (or why not): the package of every peer,
+    and the two its kernels are built with (cutlass, tvm_ffi)."""
     import importlib
 
     found = {"date": datetime.date.today().isoformat()}
-    for module in ("flashinfer", "sgl_kernel", "sglang", "cudnn", "cutlass", "deep_select", "tvm_ffi"):
+    tops = dict.fromkeys(catalog.adapters()[n].declared.release.source.top for n in PEERS)
+    for module in (*tops, "cutlass", "tvm_ffi"):
         try:
             found[module] = str(getattr(importlib.import_module(module), "__version__", "?"))
         except Exception as e:  # not staged here: say so in the report

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stage cuDNN frontend's DSA indexer top-k (the `cudnn-indexer-topk` adapter, logitreplay/selectors/cudnn.py)
+# Stage cuDNN frontend's DSA indexer top-k (the `cudnn-indexer-topk` adapter, logitreplay/selectors/upstream/cudnn.py)
 # for an offline GPU host (no network; Python 3.12, torch 2.11 cu130, CUDA 13) that takes files in
 # parts of at most about 64 MiB, one run each. Run from the project root on a machine with network:
 #   bash bench/stage_cudnn.sh

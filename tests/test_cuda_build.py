@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 from logitreplay.archive import Case
 from logitreplay.cli import main
-from logitreplay.selectors import vllm_libs
 from logitreplay.selectors.cuda import abi, build
 from logitreplay.selectors.cuda.kernels import NativeCuda
+from logitreplay.selectors.upstream import loading
 
 TC = build.Toolchain(Path("/opt/cuda/bin/nvcc"), "13.0.88", ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100"))
 
@@ -186,15 +186,15 @@ def test_every_bundled_kernel_compiles_and_is_then_cached(monkeypatch: pytest.Mo
 @needs_nvcc
 @pytest.mark.slow
 def test_no_code_for_this_gpu_is_read_from_a_real_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The architecture probe that makes an adapter say "no sm_100 code in ..." (vllm_libs.missing_arch),
+    """The architecture probe that makes an adapter say "no sm_100 code in ..." (loading.missing_arch),
     on a library nvcc really built for sm_90a: its fatbin holds one sm_90 cubin, which runs on 9.0 only."""
     monkeypatch.setenv("LOGITREPLAY_CACHE", str(tmp_path))
     lib = build.build("native", "sm_90a")
-    assert vllm_libs.fatbin_archs(str(lib)) == {("cubin", 90)}
-    loaded = vllm_libs.Loaded(str(lib), str(lib))
-    assert vllm_libs.missing_arch(loaded, "native", (9, 0)) is None
-    assert vllm_libs.missing_arch(loaded, "native", (10, 0)) == "no sm_100 code in native (it has sm_90)"
-    assert vllm_libs.missing_arch(loaded, "native", (8, 0)) == "no sm_80 code in native (it has sm_90)"
+    assert loading.fatbin_archs(str(lib)) == {("cubin", 90)}
+    loaded = loading.Loaded(str(lib), str(lib))
+    assert loading.missing_arch(loaded, "native", (9, 0)) is None
+    assert loading.missing_arch(loaded, "native", (10, 0)) == "no sm_100 code in native (it has sm_90)"
+    assert loading.missing_arch(loaded, "native", (8, 0)) == "no sm_80 code in native (it has sm_90)"
 
 
 @needs_nvcc

@@ -9,22 +9,22 @@ import pytest
 import torch
 
 from logitreplay.archive import Case
-from logitreplay.selectors import external
 from logitreplay.selectors.base import Selector
 from logitreplay.selectors.registry import available, build
+from logitreplay.selectors.upstream import catalog
 
 CASE = Case.from_rows("c", np.zeros(8, np.float32), np.array([0, 4], np.int32), np.array([4, 8], np.int32),
                       top_k=2, cols=8)
 
 
-@pytest.mark.parametrize("name", sorted(external.EXTERNAL))
+@pytest.mark.parametrize("name", sorted(catalog.adapters()))
 def test_adapter_is_registered_and_builds(name: str) -> None:
-    assert available()[name] == external.EXTERNAL[name]
+    assert available()[name] == catalog.adapters()[name].factory
     sel = build(name)
     assert isinstance(sel, Selector) and sel.name == name
 
 
-@pytest.mark.parametrize("name", sorted(external.EXTERNAL))
+@pytest.mark.parametrize("name", sorted(catalog.adapters()))
 def test_missing_package_is_named_with_its_install(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda module: None)
     sel = build(name)

@@ -20,14 +20,14 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.replay.verify import Inputs, OutputBuffer, check_output, expected_values
-from logitreplay.selectors import cudnn, layouts, upstream
+from logitreplay.selectors import layouts
 from logitreplay.selectors.base import prepare_for
-from logitreplay.selectors.external import EXTERNAL
-from logitreplay.selectors.registry import FAMILIES, available, build, needs_own_process
+from logitreplay.selectors.registry import available, build, needs_own_process
+from logitreplay.selectors.upstream import Upstream, catalog, cudnn, loading
 from tests import peer_standins
 
 CUDA = torch.device("cuda")
-PEERS = sorted(n for n in EXTERNAL if n not in ("deepselect-upstream", cudnn.CudnnIndexerTopK.name))
+PEERS = sorted(n for n, e in catalog.adapters().items() if e.declared.family in ("flashinfer", "sglang", "sgl_kernel common_ops"))
 MODULES = ("flashinfer", "sglang", "sgl_kernel")
 
 
@@ -35,7 +35,7 @@ MODULES = ("flashinfer", "sglang", "sgl_kernel")
 def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = peer_standins.write(tmp_path_factory.mktemp("peers"))
     sys.path.insert(0, str(root))
-    upstream.import_package.cache_clear()
+    loading.forget()
     try:
         yield {m: importlib.import_module(m) for m in ("flashinfer.topk", "sglang.kernels.ops.attention.dsv4.topk",
                                                          "sgl_kernel")}
@@ -43,7 +43,7 @@ def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         sys.path.remove(str(root))
         for name in [n for n in sys.modules if n.split(".")[0] in MODULES]:
             del sys.modules[name]
-        upstream.import_package.cache_clear()
+        loading.forget()
 
 
 def _case(rows: int = 6, cols: int = 4096, k: int = 2048, starts: bool = False, stride: int | None = None,
@@ -151,7 +151,7 @@ def test_a_peer_from_a_folder_is_named_after_it_and_a_second_copy_is_refused(sta
                                                                              tmp_path: Path) -> None:
     root = next(p for p in sys.path if (Path(p) / "flashinfer" / "topk.py").is_file())
     sel = build(f"flashinfer-ragged@{root}")
-    assert isinstance(sel, upstream.Upstream)
+    assert isinstance(sel, Upstream)
     assert sel.name == f"flashinfer-ragged@{Path(root).name}"
     found = sel.find()
     assert not isinstance(found, str) and found.source == root
@@ -184,7 +184,7 @@ def test_deepselect_upstream_built_for_sm100_only_says_so_on_hopper(tmp_path: Pa
     (pkg / "__init__.py").write_text("def get_stride_requirement():\n    return (1024, 32)\n")
     _elf_with_fatbin(pkg / "deep_select_cuda.cpython-312-x86_64-linux-gnu.so", [(2, 100), (2, 103)])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    upstream.import_package.cache_clear()
+    loading.forget()
     try:
         sel = build(f"deepselect-upstream@{tmp_path}")
         assert sel.supports(_case(), CUDA) == "no sm_90 code in deep_select (it has sm_100, sm_103)"
@@ -194,7 +194,7 @@ def test_deepselect_upstream_built_for_sm100_only_says_so_on_hopper(tmp_path: Pa
     finally:
         sys.modules.pop("deep_select", None)
         sys.path.remove(str(tmp_path))
-        upstream.import_package.cache_clear()
+        loading.forget()
 
 
 def _coarse_bin(values: np.ndarray) -> np.ndarray:
@@ -222,8 +222,8 @@ CUDNN = cudnn.CudnnIndexerTopK.name
 
 
 def test_cudnn_indexer_topk_is_registered_and_says_what_it_lacks() -> None:
-    assert available()[CUDNN] == "logitreplay.selectors.cudnn:CudnnIndexerTopK"
-    assert FAMILIES[CUDNN] == "cudnn"
+    assert available()[CUDNN] == "logitreplay.selectors.upstream.cudnn:CudnnIndexerTopK"
+    assert catalog.families()[CUDNN] == "cudnn"
     sel = build(CUDNN)
     assert sel.supports(_case(), torch.device("cpu")) == "an upstream CUDA kernel: needs a CUDA device"
     if importlib.util.find_spec("cudnn") is None:

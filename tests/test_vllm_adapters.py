@@ -14,17 +14,20 @@ import pytest
 import torch
 
 from logitreplay.archive import Case
-from logitreplay.selectors import vllm, vllm_libs
 from logitreplay.selectors.base import Selector
 from logitreplay.selectors.registry import available, build, factory_spec, needs_own_process
+from logitreplay.selectors.upstream import catalog, loading, vllm
 from tests import vllm_standin
 
 CUDA = torch.device("cuda")
 
 
-@pytest.mark.parametrize("name", sorted(vllm.VLLM))
+VLLM = sorted(n for n, e in catalog.adapters().items() if e.factory.startswith(vllm.__name__ + ":"))
+
+
+@pytest.mark.parametrize("name", VLLM)
 def test_every_adapter_is_registered(name: str) -> None:
-    assert available()[name] == vllm.VLLM[name]
+    assert available()[name] == f"{vllm.__name__}:{type(build(name)).__name__}"
     sel = build(name)
     assert isinstance(sel, Selector) and sel.name == name
 
@@ -32,7 +35,7 @@ def test_every_adapter_is_registered(name: str) -> None:
 def test_a_library_path_names_its_column_after_the_build_folder() -> None:
     sel = build("vllm-native@/builds/branch-a/_C_stable_libtorch.abi3.so")
     assert sel.name == "vllm-native@branch-a"
-    assert factory_spec("vllm-native@/x/y.so") == vllm.VLLM["vllm-native"]
+    assert factory_spec("vllm-native@/x/y.so") == f"{vllm.__name__}:VllmPrefill"
     assert factory_spec("native") == available()["native"]
 
 
@@ -45,18 +48,18 @@ def test_two_sources_of_one_library_need_their_own_processes() -> None:
 
 
 def test_missing_vllm_is_named_with_its_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    vllm_libs._load_installed.cache_clear()
+    loading.forget()
     monkeypatch.setattr(importlib.util, "find_spec", lambda module: None)
     try:
         sel = build("vllm-native")
         assert "needs a CUDA device" in (sel.supports(_case(), torch.device("cpu")) or "")
         assert sel.supports(_case(), CUDA) == "not installed (pip install vllm)"
     finally:
-        vllm_libs._load_installed.cache_clear()
+        loading.forget()
 
 
 def test_a_library_path_that_does_not_exist_is_refused(tmp_path: Path) -> None:
-    assert vllm_libs.load(vllm_libs.C_OPS, str(tmp_path / "nope.so")) == f"no kernel library at {tmp_path / 'nope.so'}"
+    assert loading.find(vllm.C_OPS, str(tmp_path / "nope.so")) == f"no kernel library at {tmp_path / 'nope.so'}"
 
 
 # ------------------------------------------------------------------------------ architecture probe
@@ -83,26 +86,26 @@ def _elf_with_fatbin(path: Path, entries: list[tuple[int, int]]) -> Path:
 
 def test_a_library_without_code_for_the_gpu_says_so(tmp_path: Path) -> None:
     sm100 = _elf_with_fatbin(tmp_path / "ds.so", [(2, 100), (2, 100)])
-    loaded = vllm_libs.Loaded("vllm._deepselect_C", str(sm100))
-    assert vllm_libs.fatbin_archs(str(sm100)) == {("cubin", 100)}
-    assert vllm_libs.missing_arch(loaded, "vllm._deepselect_C", (9, 0)) == \
+    loaded = loading.Loaded("vllm._deepselect_C", str(sm100))
+    assert loading.fatbin_archs(str(sm100)) == {("cubin", 100)}
+    assert loading.missing_arch(loaded, "vllm._deepselect_C", (9, 0)) == \
         "no sm_90 code in vllm._deepselect_C (it has sm_100)"
-    assert vllm_libs.missing_arch(loaded, "vllm._deepselect_C", (10, 0)) is None
-    assert vllm_libs.missing_arch(loaded, "vllm._deepselect_C", (10, 3)) is None  # same family, newer minor
+    assert loading.missing_arch(loaded, "vllm._deepselect_C", (10, 0)) is None
+    assert loading.missing_arch(loaded, "vllm._deepselect_C", (10, 3)) is None  # same family, newer minor
 
 
 def test_cubins_of_another_major_do_not_count_but_older_ptx_does(tmp_path: Path) -> None:
     lib = _elf_with_fatbin(tmp_path / "c.so", [(2, 80), (2, 120), (1, 80)])
-    ptx = vllm_libs.Loaded("x", str(lib))
-    assert vllm_libs.missing_arch(ptx, "lib", (9, 0)) is None  # PTX for sm_80 JIT-compiles for sm_90
-    no_ptx = vllm_libs.Loaded("x", str(_elf_with_fatbin(tmp_path / "d.so", [(2, 80), (2, 120)])))
-    assert vllm_libs.missing_arch(no_ptx, "lib", (9, 0)) == "no sm_90 code in lib (it has sm_80, sm_120)"
+    ptx = loading.Loaded("x", str(lib))
+    assert loading.missing_arch(ptx, "lib", (9, 0)) is None  # PTX for sm_80 JIT-compiles for sm_90
+    no_ptx = loading.Loaded("x", str(_elf_with_fatbin(tmp_path / "d.so", [(2, 80), (2, 120)])))
+    assert loading.missing_arch(no_ptx, "lib", (9, 0)) == "no sm_90 code in lib (it has sm_80, sm_120)"
 
 
 def test_a_file_that_is_not_an_elf_claims_nothing(tmp_path: Path) -> None:
     (tmp_path / "lib.py").write_text("x = 1\n")
-    assert vllm_libs.fatbin_archs(str(tmp_path / "lib.py")) is None
-    assert vllm_libs.missing_arch(vllm_libs.Loaded("m", str(tmp_path / "lib.py")), "m", (9, 0)) is None
+    assert loading.fatbin_archs(str(tmp_path / "lib.py")) is None
+    assert loading.missing_arch(loading.Loaded("m", str(tmp_path / "lib.py")), "m", (9, 0)) is None
 
 
 # ------------------------------------------------------------------------- decode facts and auto
@@ -146,9 +149,9 @@ def test_auto_follows_vllm_033s_resolution(monkeypatch: pytest.MonkeyPatch) -> N
 
 _DISCOVER = """
 import json, torch
-from logitreplay.selectors import vllm_libs
-got = vllm_libs.load(vllm_libs.C_OPS)
-ds = vllm_libs.load(vllm_libs.DEEPSELECT)
+from logitreplay.selectors.upstream import loading, vllm
+got = loading.find(vllm.C_OPS)
+ds = loading.find(vllm.DEEPSELECT)
 print(json.dumps([got if isinstance(got, str) else got.source, ds if isinstance(ds, str) else ds.source]))
 """
 
@@ -174,7 +177,7 @@ _CALLS = """
 import json, numpy as np, torch
 from logitreplay.archive import Case
 from logitreplay.replay.verify import OutputBuffer, check_output, expected_values
-from logitreplay.selectors import vllm
+from logitreplay.selectors.upstream import vllm
 from logitreplay.selectors.base import prepare_for
 
 rows, cols = 6, 512
@@ -208,20 +211,20 @@ def test_each_adapter_calls_its_op_with_the_real_schema_and_passes_checks_1_to_4
         "vllm-decode/torch.float32": ["staging 384"],
         "vllm-persistent/torch.float32": ["staging 12288"],
         "vllm-cooperative/torch.float32": ["staging 12288"],
-        # The view's rows are (16 + 16) * 4 = 128 bytes apart: aligned, so DeepSelect writes into it.
-        "vllm-deepselect/torch.float32": ["staging 0"],
-        "vllm-deepselect/torch.bfloat16": ["staging 0"],
+        # The most it copies: an aligned view (here (16 + 16) * 4 = 128 bytes apart) is written directly.
+        "vllm-deepselect/torch.float32": ["staging 384"],
+        "vllm-deepselect/torch.bfloat16": ["staging 384"],
     }
 
 
 _PATHS = """
 import json, torch
-from logitreplay.selectors import vllm_libs
+from logitreplay.selectors.upstream import loading, vllm
 standin = open(LIB).read()
 torch.ops.load_library = lambda path: exec(standin, {})  # the library's static registration
-a = vllm_libs.load(vllm_libs.C_OPS, LIB)
-again = vllm_libs.load(vllm_libs.C_OPS, LIB)
-other = vllm_libs.load(vllm_libs.C_OPS, OTHER)
+a = loading.find(vllm.C_OPS, LIB)
+again = loading.find(vllm.C_OPS, LIB)
+other = loading.find(vllm.C_OPS, OTHER)
 print(json.dumps([a.source == LIB, again == a, other]))
 """
 

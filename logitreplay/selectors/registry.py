@@ -2,8 +2,8 @@
 
 Built-ins and adapters resolve lazily, so listing the names never builds a kernel or imports an upstream
 package; plugins register under the `logitreplay.selectors` entry-point group, or are named directly
-as `package.module:factory`. Every upstream adapter also takes its kernel from a path instead of the
-installed package: `vllm-native@/path/to/_C_stable_libtorch.abi3.so`, `sgl-fast-topk@/path/common_ops.abi3.so`,
+as `package.module:factory`. The production-kernel adapters are those declared in selectors/upstream/
+(catalog.py). Every one also takes its kernel from a path instead of the installed package: `vllm-native@/path/to/_C_stable_libtorch.abi3.so`, `sgl-fast-topk@/path/common_ops.abi3.so`,
 `flashinfer-ragged@/folder/holding/flashinfer`.
 """
 
@@ -19,10 +19,7 @@ from typing import cast
 
 from logitreplay.errors import SelectorError, one_line
 from logitreplay.selectors.base import Selector
-from logitreplay.selectors.external import EXTERNAL
-from logitreplay.selectors.vllm import LIBRARIES, VLLM
-from logitreplay.selectors.vllm_libs import needs_own_process as _needs_own_process
-from logitreplay.selectors.vllm_libs import split_spec
+from logitreplay.selectors.upstream import catalog
 
 ENTRY_POINT_GROUP = "logitreplay.selectors"
 
@@ -36,11 +33,10 @@ BUILTINS: dict[str, str] = {
 }
 
 
-# The upstream adapters (they take `@PATH`), and the library or package each loads: adapters of one family
-# from different sources need processes of their own.
-UPSTREAM: dict[str, str] = {**EXTERNAL, **VLLM}
-FAMILIES: dict[str, str] = {**{name: lib.label for name, lib in LIBRARIES.items()},
-                            **{name: name.split("-")[0] for name in EXTERNAL}}
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """`name@/path/to/lib.so` -> (name, path); a spec without '@' -> (spec, None)."""
+    name, sep, path = spec.partition("@")
+    return (name, path) if sep and path else (spec, None)
 
 
 def load_factory(spec: str) -> Callable[[], Selector]:
@@ -79,15 +75,24 @@ def unknown_name(name: str) -> str:
 def factory_spec(spec: str) -> str:
     """The `module:factory` behind a registered name, a `name@library-path`, or a plugin spec."""
     name, path = split_spec(spec)
-    if path is not None and name in UPSTREAM:
-        return UPSTREAM[name]
+    upstream = catalog.factories()
+    if path is not None and name in upstream:
+        return upstream[name]
     return available().get(spec, spec)
 
 
 def needs_own_process(specs: list[str]) -> bool:
-    """Whether these selectors load one kernel library from two sources (installed and a path, or two
-    paths): two builds of one op cannot be registered in one process, so each must run in its own."""
-    return _needs_own_process(specs, FAMILIES)
+    """Whether these selectors load one package or library family from two sources (installed and a
+    path, or two paths): two builds of one op cannot be registered in one process, nor two copies of one
+    package imported, so each must run in its own."""
+    families = catalog.families()
+    sources: dict[str, set[str]] = {}
+    for spec in specs:
+        name, path = split_spec(spec)
+        family = families.get(name)
+        if family is not None:
+            sources.setdefault(family, set()).add(os.path.abspath(path) if path else "installed")
+    return any(len(s) > 1 for s in sources.values())
 
 
 def build(spec: str) -> Selector:
@@ -96,7 +101,10 @@ def build(spec: str) -> Selector:
     name, path = split_spec(spec)
     factory = load_factory(factory_spec(spec))
     try:
-        sel = cast(Callable[[str], Selector], factory)(path) if path is not None and name in UPSTREAM else factory()
+        if path is not None and name in catalog.factories():
+            sel = cast(Callable[[str], Selector], factory)(path)
+        else:
+            sel = factory()
     except (Exception, SystemExit) as e:  # foreign code: even its sys.exit() is its own failure
         raise SelectorError(f"selector {spec!r}: factory raised {type(e).__name__}: {one_line(e)}") from None
     if not isinstance(sel, Selector):
@@ -110,10 +118,11 @@ def build(spec: str) -> Selector:
 
 def available() -> dict[str, str]:
     """Every registered name -> `module:factory`: built-ins, upstream adapters, entry-point plugins."""
-    names = {**BUILTINS, **EXTERNAL, **VLLM}
+    names = {**BUILTINS, **catalog.factories()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         names.setdefault(ep.name, ep.value)
     return names
 
 
-__all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "available", "build", "load_factory", "unknown_name"]
+__all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "available", "build", "factory_spec", "load_factory", "needs_own_process",
+           "split_spec", "unknown_name"]

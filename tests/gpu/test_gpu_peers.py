@@ -13,12 +13,13 @@ import torch
 from logitreplay.archive import Case
 from logitreplay.replay import TimingProtocol
 from logitreplay.replay.engine import device_checks, replay_case
-from logitreplay.selectors.external import EXTERNAL
 from logitreplay.selectors.registry import build
-from logitreplay.selectors.upstream import Upstream
+from logitreplay.selectors.upstream import Upstream, catalog
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICE = torch.device("cuda")
+# Every adapter but vLLM's (tests/gpu/test_vllm_kernels.py runs those).
+PEER_FAMILIES = ("flashinfer", "sglang", "sgl_kernel common_ops", "cudnn", "deep_select")
 QUICK = TimingProtocol.for_device("cuda", 1, 1)
 
 
@@ -49,7 +50,7 @@ def _staged(name: str) -> bool:
     return not (isinstance(found, str) and found.startswith("not installed"))
 
 
-@pytest.mark.parametrize("name", sorted(EXTERNAL))
+@pytest.mark.parametrize("name", sorted(n for n, e in catalog.adapters().items() if e.declared.family in PEER_FAMILIES))
 def test_each_peer_verifies_what_it_accepts_and_declines_the_rest(name: str) -> None:
     if not _staged(name):
         pytest.skip(f"{name}: its package is not staged here")

@@ -1,33 +1,22 @@
-"""The registry of upstream adapters beyond vLLM's (vllm.py): FlashInfer (flashinfer.py), SGLang and
-sgl-kernel (sglang.py), cuDNN frontend's indexer top-k (cudnn.py), and DeepSeek's DeepSelect here. All
-share one base (upstream.py); each maps our semantics (indices relative to the row start, int32, -1
-tails, a possibly strided output view, bounds read on the device) onto the upstream call as production
-makes it, or says in `supports` what it cannot do. Whether an upstream kernel really honours the
-contract is not assumed: verification checks it.
-"""
+"""DeepSeek's DeepSelect (`deep_select`, built from its repository: no release on the package registry),
+called through its Python API (`deep_select.topk`)."""
 
 from __future__ import annotations
 
-import glob
-import os
 from typing import Any
 
 import torch
 
 from logitreplay.archive import ELEMENT_BYTES, Case
 from logitreplay.selectors.base import Launch
-from logitreplay.selectors.cudnn import CUDNN
-from logitreplay.selectors.flashinfer import FLASHINFER
-from logitreplay.selectors.sglang import SGLANG
-from logitreplay.selectors.upstream import Upstream, import_package, starts_at_zero
-from logitreplay.selectors.vllm_libs import Loaded
+from logitreplay.selectors.upstream.base import Declared, Release, Upstream, starts_at_zero
+from logitreplay.selectors.upstream.loading import Source
 
-EXTERNAL: dict[str, str] = {
-    "deepselect-upstream": "logitreplay.selectors.external:DeepSelectUpstream",
-    **FLASHINFER,
-    **SGLANG,
-    **CUDNN,
-}
+# The architecture probe reads the extension (deep_select_cuda*.so), not the package's __init__.
+DEEP_SELECT = Source(("deep_select",), "deep_select (built from DeepSeek's DeepSelect repository)", "deep_select",
+                     "deep_select", binary="deep_select_cuda*.so")
+# Read from main at 382d62a, whose package says 1.0.0 (a build of the repository names no commit).
+DEEP_SELECT_382D62A = Release(DEEP_SELECT, "1.0.0 (main @ 382d62a)", ("1.0.0", "1.1.0"))
 
 
 class DeepSelectUpstream(Upstream):
@@ -35,17 +24,9 @@ class DeepSelectUpstream(Upstream):
     `get_stride_requirement()` says; indices are absolute columns, which equal ours when every row starts
     at 0, and `idx_oob_fill_value=-1` gives the -1 tails."""
 
-    name = "deepselect-upstream"
-    label = "deep_select"
     max_k = 4096
-
-    def find(self) -> Loaded | str:
-        found = import_package("deep_select", "deep_select (built from DeepSeek's DeepSelect repository)", self.path)
-        if isinstance(found, str) or found.file is None:
-            return found
-        # The architecture probe reads the extension (deep_select_cuda*.so), not the package's __init__.
-        lib = next(iter(sorted(glob.glob(os.path.join(os.path.dirname(found.file), "deep_select_cuda*.so")))), None)
-        return Loaded(found.source, lib)
+    declared = Declared("deepselect-upstream", DEEP_SELECT_382D62A, ("float32", "bfloat16"), (1, max_k),
+                        ("decode", "padded"))
 
     def _import(self) -> Any:
         import deep_select
@@ -73,3 +54,6 @@ class DeepSelectUpstream(Upstream):
             out.copy_(scratch)
 
         return launch
+
+
+__all__ = ["DEEP_SELECT", "DeepSelectUpstream"]

@@ -24,7 +24,6 @@ Its candidate buffer has a fixed capacity: see bench/PEERS.md for what that does
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,13 +32,22 @@ import torch
 from logitreplay.archive import Case
 from logitreplay.selectors.base import Launch
 from logitreplay.selectors.layouts import page_table, ragged_offsets, slots_fit, unoffset
-from logitreplay.selectors.upstream import Upstream, fp32_only, import_package, load_library, starts_at_zero
-from logitreplay.selectors.vllm_libs import Loaded
+from logitreplay.selectors.upstream.base import Declared, Release, Upstream, fp32_only, starts_at_zero
+from logitreplay.selectors.upstream.loading import Source
 
 V2_MODULE = "sglang.kernels.ops.attention.dsv4.topk"
 V2_MAX_K = 2048
 V2_PAGE_SIZE = 64  # the pool page size SGLang's real_page_table uses for DSA models
 SGL_K = 2048  # fast_topk_v2 and the fused transforms assert topk == 2048
+
+# SGLang's v2 wrappers, JIT-built for the GPU they run on.
+SGLANG_V2 = Release(Source((V2_MODULE,), "sglang", "sglang", "sglang top-k v2 (JIT)", binary=None), "0.5.23",
+                    ("0.5.23", "0.5.24"))
+# sgl-kernel: `import sgl_kernel`, or a folder holding the package, or the library file itself
+# (`common_ops.abi3.so`, beside the package in the staged layout).
+SGL_KERNEL = Release(Source(("sgl_kernel",), "sglang-kernel==0.4.6", "sglang-kernel", "sgl_kernel common_ops",
+                            "sgl_kernel", "fast_topk", "common_ops.abi3.so"), "0.4.6", ("0.4.6", "0.4.7"))
+V2_LAYOUTS = ("decode", "starts", "padded")  # padded: a row stride that is a multiple of 4
 
 
 def _starts(row_starts: torch.Tensor) -> torch.Tensor | None:
@@ -55,12 +63,6 @@ def _own_scores(logits: torch.Tensor) -> torch.Tensor:
 
 
 class SglangV2(Upstream):
-    label = "sglang top-k v2 (JIT)"
-
-    def find(self) -> Loaded | str:
-        found = import_package(V2_MODULE, "sglang", self.path)
-        return Loaded(found.source, None) if isinstance(found, Loaded) else found  # built for this GPU
-
     def limits(self, case: Case, device: torch.device) -> str | None:
         if not 0 < case.top_k <= V2_MAX_K:
             return f"top_k {case.top_k}: the v2 kernel takes 0 < k <= {V2_MAX_K}"
@@ -75,7 +77,7 @@ class SglangV2(Upstream):
 
 
 class SglangRaggedV2(SglangV2):
-    name = "sglang-ragged-v2"
+    declared = Declared("sglang-ragged-v2", SGLANG_V2, ("float32",), (1, V2_MAX_K), V2_LAYOUTS)
 
     def kernel_name(self, case: Case) -> str:
         return ("topk_transform_ragged_v2 on shuffled offsets, output less offsets; writes <= 3 score columns "
@@ -98,7 +100,7 @@ class SglangRaggedV2(SglangV2):
 
 
 class SglangPagedV2(SglangV2):
-    name = "sglang-paged-v2"
+    declared = Declared("sglang-paged-v2", SGLANG_V2, ("float32",), (1, V2_MAX_K), ("decode", "padded"))
     layout = "identity"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
@@ -126,7 +128,7 @@ class SglangPagedV2(SglangV2):
 
 
 class SglangPagedV2Shuffled(SglangPagedV2):
-    name = "sglang-paged-v2-shuffled"
+    declared = Declared("sglang-paged-v2-shuffled", SGLANG_V2, ("float32",), (1, V2_MAX_K), ("decode", "padded"))
     layout = "shuffled"
 
 
@@ -134,17 +136,7 @@ class SglKernel(Upstream):
     """An op of sgl-kernel's library: `import sgl_kernel`, or `NAME@PATH` with the library file
     (`common_ops.abi3.so`) or a folder holding an `sgl_kernel` package."""
 
-    label = "sgl_kernel common_ops"
     op = ""
-
-    def find(self) -> Loaded | str:
-        if self.path is not None and os.path.isfile(self.path):
-            return load_library(self.path, "sgl_kernel", "fast_topk")
-        found = import_package("sgl_kernel", "sglang-kernel==0.4.6", self.path)
-        if isinstance(found, str) or found.file is None:
-            return found
-        lib = os.path.join(os.path.dirname(found.file), "common_ops.abi3.so")  # the staged layout
-        return Loaded(found.source, lib if os.path.isfile(lib) else None)
 
     def limits(self, case: Case, device: torch.device) -> str | None:
         if case.top_k != SGL_K:
@@ -159,7 +151,7 @@ class SglKernel(Upstream):
 
 
 class SglFastTopk(SglKernel):
-    name = "sgl-fast-topk"
+    declared = Declared("sgl-fast-topk", SGL_KERNEL, ("float32",), (SGL_K, SGL_K), ("decode", "starts", "padded"))
     op = "fast_topk"
 
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
@@ -177,7 +169,7 @@ class SglFastTopk(SglKernel):
 
 
 class SglFastTopkPaged(SglKernel):
-    name = "sgl-fast-topk-paged"
+    declared = Declared("sgl-fast-topk-paged", SGL_KERNEL, ("float32",), (SGL_K, SGL_K), ("decode", "padded"))
     op = "fast_topk_transform_fused"
     layout = "identity"
 
@@ -203,12 +195,13 @@ class SglFastTopkPaged(SglKernel):
 
 
 class SglFastTopkPagedShuffled(SglFastTopkPaged):
-    name = "sgl-fast-topk-paged-shuffled"
+    declared = Declared("sgl-fast-topk-paged-shuffled", SGL_KERNEL, ("float32",), (SGL_K, SGL_K),
+                        ("decode", "padded"))
     layout = "shuffled"
 
 
 class SglFastTopkRagged(SglKernel):
-    name = "sgl-fast-topk-ragged"
+    declared = Declared("sgl-fast-topk-ragged", SGL_KERNEL, ("float32",), (SGL_K, SGL_K), ("decode", "starts", "padded"))
     op = "fast_topk_transform_ragged_fused"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
@@ -232,9 +225,5 @@ class SglFastTopkRagged(SglKernel):
         return launch
 
 
-SGLANG: dict[str, str] = {cls.name: f"logitreplay.selectors.sglang:{cls.__name__}" for cls in (
-    SglangRaggedV2, SglangPagedV2, SglangPagedV2Shuffled, SglFastTopk, SglFastTopkPaged, SglFastTopkPagedShuffled,
-    SglFastTopkRagged)}
-
-__all__ = ["SGLANG", "SglFastTopk", "SglFastTopkPaged", "SglFastTopkRagged", "SglKernel", "SglangPagedV2",
-           "SglangRaggedV2"]
+__all__ = ["SGLANG_V2", "SGL_KERNEL", "SglFastTopk", "SglFastTopkPaged", "SglFastTopkRagged", "SglKernel",
+           "SglangPagedV2", "SglangRaggedV2"]

@@ -41,8 +41,8 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.selectors.base import Launch
-from logitreplay.selectors.upstream import Upstream, import_package, staged, starts_at_zero
-from logitreplay.selectors.vllm_libs import Loaded
+from logitreplay.selectors.upstream.base import Declared, Release, Upstream, staged, starts_at_zero
+from logitreplay.selectors.upstream.loading import Loaded, Source, find
 
 MODULE = "cudnn.deepseek_sparse_attention.indexer_top_k"
 PACKAGE = "nvidia-cudnn-frontend[cutedsl]"
@@ -53,6 +53,9 @@ MAX_K = 2048
 MIN_MAJOR = 9
 INT32_MAX = (1 << 31) - 1
 BUFFER_ALIGN = 32  # bytes: launch_topk_kernel's row chunks keep the scratch this aligned
+# Compiled for the GPU it runs on (check_support: SM90+).
+CUDNN_132 = Release(Source((MODULE,), PACKAGE, "nvidia-cudnn-frontend", "cudnn-frontend IndexerTopK (CuTe DSL JIT)",
+                           binary=None), "1.32.0", ("1.32.0", "1.33.0"))
 
 
 def _importable(module: str) -> bool:
@@ -107,18 +110,16 @@ class CudnnIndexerTopK(Upstream):
     """`IndexerTopK(logits, row_ends, top_k, next_n=1, return_val=False)`: row ends as `seq_lens`, rows
     from column 0, contiguous rows only."""
 
-    name = "cudnn-indexer-topk"
-    label = "cudnn-frontend IndexerTopK (CuTe DSL JIT)"
+    declared = Declared("cudnn-indexer-topk", CUDNN_132, DTYPES, (1, MAX_K), ("decode",))
 
     def find(self) -> Loaded | str:
         cutlass_on_path(os.path.abspath(self.path) if self.path is not None else None)
-        found = import_package(MODULE, PACKAGE, self.path)
+        found = find(self.declared.release.source, self.path)
         if isinstance(found, str):
             missing = [f"{module} ({package})" for module, package in NEEDS if not _importable(module)]
             if missing and found.startswith(f"{MODULE} does not import"):  # say which package to install
                 return f"{found}; its CuTe DSL path needs {', '.join(missing)}"
-            return found
-        return Loaded(found.source, None)  # compiled for the GPU it runs on (check_support: SM90+)
+        return found
 
     def limits(self, case: Case, device: torch.device) -> str | None:
         major, minor = torch.cuda.get_device_capability(device)
@@ -153,6 +154,4 @@ class CudnnIndexerTopK(Upstream):
         return staged(kernel, out)
 
 
-CUDNN: dict[str, str] = {CudnnIndexerTopK.name: f"logitreplay.selectors.cudnn:{CudnnIndexerTopK.__name__}"}
-
-__all__ = ["CUDNN", "CudnnIndexerTopK", "cutlass_on_path", "scratch_bytes", "scratch_chunk_limit"]
+__all__ = ["CUDNN_132", "CudnnIndexerTopK", "cutlass_on_path", "scratch_bytes", "scratch_chunk_limit"]

@@ -10,7 +10,11 @@ them (allocated once in `prepare`), and `vllm-deepselect` (`torch.ops.deep_selec
 (cooperative for <= 64 rows, else persistent, for top_k 512/1024/2048; else per_row), and says which.
 
 The libraries are found as vLLM loads them, or from a path (`vllm-native@/path/_C_stable_libtorch.abi3.so`):
-see vllm_libs.py. vLLM's kernels write a contiguous (rows, top_k) block (no output stride), so an adapter
+vLLM 0.33 registers its top-k ops (`torch.ops._C.*`) in `vllm._C_stable_libtorch`, which
+`vllm.platforms.cuda` imports; vLLM 0.22 registered them in `vllm._C` (0.23 moved them; both modules
+existed until 0.24). DeepSelect ships as `vllm._deepselect_C` (`torch.ops.deep_select.topk`), imported
+only by `vllm.model_executor.layers.indexer_topk`. Two builds of one op cannot be registered in one
+process: loading.py refuses the second, and the replay command runs them in processes of their own. vLLM's kernels write a contiguous (rows, top_k) block (no output stride), so an adapter
 stages into one and copies into the strided view as part of the timed launch; `staging_bytes` and `note`
 report that buffer. Decode kernels get the row ends as per-row `seq_lens` of shape (batch, next_n), a view
 of the very bounds tensor the replay rewrites for check 5, and a host `max_seq_len` bound.
@@ -25,8 +29,18 @@ import torch
 
 from logitreplay.archive import ELEMENT_BYTES, Case
 from logitreplay.selectors.base import Launch
-from logitreplay.selectors.upstream import Upstream, fp32_only, staged, starts_at_zero
-from logitreplay.selectors.vllm_libs import C_OPS, DEEPSELECT, KernelLibrary, Loaded, load
+from logitreplay.selectors.upstream.base import Declared, Release, Upstream, fp32_only, staged, starts_at_zero
+from logitreplay.selectors.upstream.loading import Source
+
+# The library of the top-k ops, newest layout first, and DeepSelect's; each proven by one op.
+C_OPS = Source(("vllm._C_stable_libtorch", "vllm._C"), "vllm", "vllm", "vllm._C_stable_libtorch", "_C",
+               "top_k_per_row_prefill")
+DEEPSELECT = Source(("vllm._deepselect_C",), "vllm", "vllm", "vllm._deepselect_C", "deep_select", "topk")
+# Read from 0.33.0; the op schemas are those of 0.22 (module layout aside) up to 0.33.
+VLLM_033 = Release(C_OPS, "0.33.0", ("0.22.0", "0.34.0"))
+DEEPSELECT_033 = Release(DEEPSELECT, "0.33.0", ("0.33.0", "0.34.0"))
+FP32 = ("float32",)
+ANY_K = (1, None)
 
 RADIX_TOPK_WORKSPACE_SIZE = 1024 * 1024  # indexer_topk.py: the cooperative/persistent workspace, uint8
 FAST_TOP_K = (512, 1024, 2048)  # the top_k persistent_topk and cooperative_topk are built for
@@ -59,17 +73,9 @@ def _starts_at_zero(case: Case) -> str | None:
 
 
 class VllmKernel(Upstream):
-    """A kernel of one of vLLM's libraries; subclasses give the library, limits and the launch."""
+    """A kernel of one of vLLM's libraries; subclasses give the declaration, the op, limits and the launch."""
 
     op: str = ""  # the op's name in the library's namespace
-    library: KernelLibrary = C_OPS
-
-    @property
-    def label(self) -> str:  # type: ignore[override]
-        return self.library.label
-
-    def find(self) -> Loaded | str:
-        return load(self.library, self.path)
 
     def kernel_name(self, case: Case) -> str:
         return self.op
@@ -78,7 +84,7 @@ class VllmKernel(Upstream):
         loaded = self.find()
         if isinstance(loaded, str):
             raise RuntimeError(loaded)
-        return getattr(getattr(torch.ops, self.library.namespace), self.op)
+        return getattr(getattr(torch.ops, str(self.declared.release.source.namespace)), self.op)
 
 
 def _call(case: Case | None, logits: torch.Tensor) -> DecodeCall:
@@ -90,7 +96,7 @@ class VllmPrefill(VllmKernel):
     """`top_k_per_row_prefill` (sparse_attn_indexer.py l.763): float32, rows with start and end, indices
     relative to the start, -1 tails, rows written `topK` apart."""
 
-    name = "vllm-native"
+    declared = Declared("vllm-native", VLLM_033, FP32, ANY_K, ("decode", "starts", "padded"))
     op = "top_k_per_row_prefill"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
@@ -106,7 +112,7 @@ class VllmPrefill(VllmKernel):
 class VllmDecode(VllmKernel):
     """`top_k_per_row_decode` (indexer_topk.py l.396, the `per_row` backend): float32, any top_k."""
 
-    name = "vllm-decode"
+    declared = Declared("vllm-decode", VLLM_033, FP32, ANY_K, ("decode", "padded"))
     op = "top_k_per_row_decode"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
@@ -124,7 +130,8 @@ class VllmPersistent(VllmKernel):
     """`persistent_topk` (indexer_topk.py l.330): float32, top_k 512/1024/2048, a 1 MiB workspace;
     `max_seq_len` bounds every row and gates its sampled path."""
 
-    name = "vllm-persistent"
+    declared = Declared("vllm-persistent", VLLM_033, FP32, (min(FAST_TOP_K), max(FAST_TOP_K)), ("decode", "padded"),
+                        FAST_TOP_K)
     op = "persistent_topk"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
@@ -144,7 +151,8 @@ class VllmCooperative(VllmPersistent):
     """`cooperative_topk` (indexer_topk.py l.318): persistent's limits, plus at most 64 rows, a row stride
     that is a multiple of 4 elements (TMA), and SM 9.0 or newer but not the SM 12.x family."""
 
-    name = "vllm-cooperative"
+    declared = Declared("vllm-cooperative", VLLM_033, FP32, (min(FAST_TOP_K), max(FAST_TOP_K)), ("decode", "padded"),
+                        FAST_TOP_K)
     op = "cooperative_topk"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
@@ -167,10 +175,12 @@ class VllmDeepSelect(VllmKernel):
     """`deep_select_topk` (indexer_topk.py l.92): `torch.ops.deep_select.topk(input, topk, None, end,
     False, False, None, output_idx, None, -1, -inf, False, False)`; float32 or bfloat16, top_k <= 4096,
     row ends only, the input row stride aligned as `get_alignment_requirement()` says. The output view is
-    passed as it is when it meets the output alignment, as vLLM passes its index buffer; else staged."""
+    passed as it is when it meets the output alignment, as vLLM passes its index buffer; else staged.
+    Which of the two ran depends on the view alone, so `note` states the rule and `staging_bytes` the most
+    it copies: nothing is remembered from one prepare to the next."""
 
-    name = "vllm-deepselect"
-    library = DEEPSELECT
+    declared = Declared("vllm-deepselect", DEEPSELECT_033, ("float32", "bfloat16"), (1, DEEPSELECT_MAX_K),
+                        ("decode", "padded"))
     op = "topk"
 
     def _alignment(self) -> tuple[int, int]:
@@ -187,10 +197,12 @@ class VllmDeepSelect(VllmKernel):
             return f"input row stride {case.row_stride} is not {align}-byte aligned (DeepSelect requirement)"
         return _starts_at_zero(case)
 
-    _direct: bool | None = None  # whether the last prepare wrote into the view itself
+    def kernel_name(self, case: Case) -> str:
+        align = self._alignment()[1]
+        return f"{self.op} into the view when its rows and base are {align}-byte aligned, else staged"
 
-    def staging_bytes(self, case: Case) -> int:
-        return 0 if self._direct is True else super().staging_bytes(case)
+    def note(self, case: Case) -> str:
+        return super().note(case).replace("; staging copy", "; staging copy at most")
 
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
@@ -200,9 +212,7 @@ class VllmDeepSelect(VllmKernel):
         def kernel(idx: torch.Tensor) -> None:
             op(logits, top_k, None, row_ends, False, False, None, idx, None, -1, float("-inf"), False, False)
 
-        self._direct = (out.stride(1) == 1 and (out.stride(0) * 4) % out_align == 0
-                        and out.data_ptr() % out_align == 0)
-        if self._direct:
+        if out.stride(1) == 1 and (out.stride(0) * 4) % out_align == 0 and out.data_ptr() % out_align == 0:
             return lambda: kernel(out)
         width = -(-top_k // (out_align // 4)) * (out_align // 4)
         scratch = torch.empty((logits.shape[0], width), dtype=torch.int32, device=logits.device)[:, :top_k]
@@ -220,7 +230,7 @@ class VllmAuto(VllmKernel):
     hold, else persistent for top_k 512/1024/2048, else per_row. The choice is made from the case each
     time it is needed (supports, note, prepare), never remembered."""
 
-    name = "vllm-auto"
+    declared = Declared("vllm-auto", VLLM_033, FP32, ANY_K, ("decode", "starts", "padded"))
 
     def __init__(self, library_path: str | None = None) -> None:
         super().__init__(library_path)
@@ -252,16 +262,5 @@ class VllmAuto(VllmKernel):
         return self.chosen(case, logits.device).prepare_case(case, logits, row_starts, row_ends, top_k, out)
 
 
-VLLM: dict[str, str] = {
-    "vllm-native": "logitreplay.selectors.vllm:VllmPrefill",
-    "vllm-decode": "logitreplay.selectors.vllm:VllmDecode",
-    "vllm-persistent": "logitreplay.selectors.vllm:VllmPersistent",
-    "vllm-cooperative": "logitreplay.selectors.vllm:VllmCooperative",
-    "vllm-deepselect": "logitreplay.selectors.vllm:VllmDeepSelect",
-    "vllm-auto": "logitreplay.selectors.vllm:VllmAuto",
-}
-# The library each adapter uses: selectors of one library from different sources need their own processes.
-LIBRARIES: dict[str, KernelLibrary] = {name: (DEEPSELECT if name == "vllm-deepselect" else C_OPS) for name in VLLM}
-
-__all__ = ["LIBRARIES", "VLLM", "DecodeCall", "VllmAuto", "VllmCooperative", "VllmDecode", "VllmDeepSelect",
+__all__ = ["C_OPS", "DEEPSELECT", "DecodeCall", "VllmAuto", "VllmCooperative", "VllmDecode", "VllmDeepSelect",
            "VllmKernel", "VllmPersistent", "VllmPrefill", "decode_call"]

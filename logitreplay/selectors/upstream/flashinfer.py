@@ -30,8 +30,13 @@ import torch
 from logitreplay.archive import Case
 from logitreplay.selectors.base import Launch
 from logitreplay.selectors.layouts import page_table, ragged_offsets, slots_fit, unoffset
-from logitreplay.selectors.upstream import Upstream, fp32_only, import_package, starts_at_zero
-from logitreplay.selectors.vllm_libs import Loaded
+from logitreplay.selectors.upstream.base import Declared, Release, Upstream, fp32_only, starts_at_zero
+from logitreplay.selectors.upstream.loading import Source
+
+# The top-k JIT module prebuilt for the GPU (AOT), where FlashInfer's loader looks first; else built there.
+FLASHINFER = Source(("flashinfer",), "flashinfer-python", "flashinfer-python", "flashinfer",
+                    binary="data/aot/topk/topk.so")
+FLASHINFER_072 = Release(FLASHINFER, "0.7.2.post1", ("0.7.2", "0.7.3"))
 
 ALGO_ENV = "FLASHINFER_TOPK_ALGO"
 ALGOS = {"radix": "default", "cub": "cub"}
@@ -60,15 +65,7 @@ def _algo(backend: str | None) -> Iterator[None]:
 class FlashInfer(Upstream):
     """A FlashInfer top-k entry point; `backend` is "radix", "cub" or None (FlashInfer chooses)."""
 
-    label = "flashinfer"
     backend: str | None = "radix"
-
-    def find(self) -> Loaded | str:
-        found = import_package("flashinfer", "flashinfer-python", self.path)
-        if isinstance(found, str) or found.file is None:
-            return found
-        aot = os.path.join(os.path.dirname(found.file), "data", "aot", "topk", "topk.so")
-        return Loaded(found.source, aot if os.path.isfile(aot) else None)  # else JIT-built for this GPU
 
     def limits(self, case: Case, device: torch.device) -> str | None:
         if case.dtype not in DTYPES:
@@ -94,7 +91,7 @@ class FlashInferVllm(FlashInfer):
     """vLLM 0.33's call: zero offsets, `row_ends` as lengths, the logits as vLLM holds them (a padded
     row stride is passed as it is, which FlashInfer's radix path rejects: declined here)."""
 
-    name = "flashinfer"
+    declared = Declared("flashinfer", FLASHINFER_072, ("float32",), (1, None), ("decode",))
     entry = "top_k_ragged_transform"
     backend = None
 
@@ -119,7 +116,7 @@ class FlashInferVllm(FlashInfer):
 class FlashInferRagged(FlashInfer):
     """SGLang's ragged call on offsets built for the case (shuffled row bases); output less offsets."""
 
-    name = "flashinfer-ragged"
+    declared = Declared("flashinfer-ragged", FLASHINFER_072, DTYPES, (1, FILTERED_TOPK_MAX_K), ("decode", "starts", "padded"))
     entry = "top_k_ragged_transform"
 
     def limits(self, case: Case, device: torch.device) -> str | None:
@@ -146,14 +143,14 @@ class FlashInferRagged(FlashInfer):
 
 
 class FlashInferRaggedCub(FlashInferRagged):
-    name = "flashinfer-ragged-cub"
+    declared = Declared("flashinfer-ragged-cub", FLASHINFER_072, DTYPES, (1, None), ("decode", "starts", "padded"))
     backend = "cub"
 
 
 class FlashInferPaged(FlashInfer):
     """SGLang's decode call on a page_size-1 table built for the case; output mapped back through it."""
 
-    name = "flashinfer-paged"
+    declared = Declared("flashinfer-paged", FLASHINFER_072, DTYPES, (1, FILTERED_TOPK_MAX_K), ("decode", "padded"))
     entry = "top_k_page_table_transform"
     layout = "identity"
 
@@ -180,19 +177,19 @@ class FlashInferPaged(FlashInfer):
 
 
 class FlashInferPagedCub(FlashInferPaged):
-    name = "flashinfer-paged-cub"
+    declared = Declared("flashinfer-paged-cub", FLASHINFER_072, DTYPES, (1, None), ("decode", "padded"))
     backend = "cub"
 
 
 class FlashInferPagedShuffled(FlashInferPaged):
-    name = "flashinfer-paged-shuffled"
+    declared = Declared("flashinfer-paged-shuffled", FLASHINFER_072, DTYPES, (1, FILTERED_TOPK_MAX_K), ("decode", "padded"))
     layout = "shuffled"
 
 
 class FlashInferTopK(FlashInfer):
     """SGLang's unfused path with `flashinfer.top_k` (its `_topk_unfused`), all of it timed."""
 
-    name = "flashinfer-topk"
+    declared = Declared("flashinfer-topk", FLASHINFER_072, DTYPES, (1, FILTERED_TOPK_MAX_K), ("decode", "starts", "padded"))
     entry = "top_k"
 
     def kernel_name(self, case: Case) -> str:
@@ -219,12 +216,9 @@ class FlashInferTopK(FlashInfer):
 
 
 class FlashInferTopKCub(FlashInferTopK):
-    name = "flashinfer-topk-cub"
+    declared = Declared("flashinfer-topk-cub", FLASHINFER_072, DTYPES, (1, None), ("decode", "starts", "padded"))
     backend = "cub"
 
 
-FLASHINFER: dict[str, str] = {cls.name: f"logitreplay.selectors.flashinfer:{cls.__name__}" for cls in (
-    FlashInferVllm, FlashInferRagged, FlashInferRaggedCub, FlashInferPaged, FlashInferPagedCub,
-    FlashInferPagedShuffled, FlashInferTopK, FlashInferTopKCub)}
-
-__all__ = ["FLASHINFER", "FlashInfer", "FlashInferPaged", "FlashInferRagged", "FlashInferTopK", "FlashInferVllm"]
+__all__ = ["FLASHINFER", "FLASHINFER_072", "FlashInfer", "FlashInferPaged", "FlashInferRagged", "FlashInferTopK",
+           "FlashInferVllm"]
