@@ -139,7 +139,8 @@ def test_auto_dispatches_each_case_by_the_rule_it_was_given(tmp_path: Path) -> N
     for case in cases:
         auto = next(r for r in case["results"] if r["selector"] == "auto")
         chosen, why = rule.choose(case["dtype"], case["kind"], case["rows"], case["cols"])
-        assert auto["status"] == "ok" and auto["reason"] == f"chose {chosen} ({why})"  # verified, and said
+        assert auto["status"] == "ok" and auto["reason"] == (  # verified, and said: the kind read off the bounds
+            f"chose {chosen} ({why}; prefill from the bounds: ends climb by one per row (runs up to 1024 rows))")
 
 
 def test_auto_without_a_rule_is_refused_in_one_line() -> None:
@@ -219,8 +220,8 @@ def test_reports_with_different_selectors_fit_one_rule() -> None:
 
 
 def test_auto_computes_the_features_its_rule_needs_and_notes_its_choice() -> None:
-    x = torch.randn(8, 2048, generator=torch.Generator().manual_seed(0)) + 100  # one fp16 bin holds the top
-    case = Case.from_matrix("plus100", x, torch.zeros(8, dtype=torch.int32), torch.full((8,), 2048), top_k=64)
+    x = torch.randn(128, 2048, generator=torch.Generator().manual_seed(0)) + 100  # one fp16 bin holds the top
+    case = Case.from_matrix("plus100", x, torch.zeros(128, dtype=torch.int32), torch.full((128,), 2048), top_k=64)
     assert features(case)["bin_load"] > 1
     rule = DispatchRule(["native", "deepselect"], [Scope("float32", "prefill", [Interval(0, None, "native")],
                                                          overrides=[Override("bin_load", 0.5, "deepselect")])],
@@ -228,7 +229,8 @@ def test_auto_computes_the_features_its_rule_needs_and_notes_its_choice() -> Non
     auto = AutoSelector(rule, {n: build(n) for n in rule.selectors})
     assert auto.supports(case, torch.device("cpu")) is None
     assert parse_note(auto.note(case)) == ("deepselect", f"float32 prefill, bin_load {features(case)['bin_load']:.3g}"
-                                                         " >= 0.5")
+                                                         " >= 0.5; prefill from the bounds: 128 rows over 2048 "
+                                                         "columns: too many rows for a decode batch")
     assert parse_note("unsupported: no") is None
 
 

@@ -18,6 +18,13 @@ overturn is a note in the artifact, not a dispatch input.
 Schema `logitreplay.dispatch/2` added the override's `below`, `lo` and `hi`; a `/1` file (overrides of
 `at_least` over the whole axis) is read as the same rule.
 
+The kind is what the case shows: its `kind` label where it has one, else the kind its bounds show
+(`archive/shape.py`: a prefill chunk's ends climb by one per row, a decode batch's rows are few and
+independent across a wide matrix, MTP rows step by one in groups of next_n), so an unlabeled decode
+batch (`Case.from_matrix`, a safetensors import, a tool that does not label) is dispatched as its
+labelled twin is; the choice's `why` says when the kind was inferred, or when a label contradicts the
+bounds.
+
 `--selectors auto --rule RULE.json` builds `auto` through the registry like any selector: the command
 puts the rule's path in `LOGITREPLAY_DISPATCH_RULE` (so isolated children find it too), and the factory
 builds the named selectors. Each case's choice is kept in `choices` and reported.
@@ -34,6 +41,7 @@ from typing import Any
 import torch
 
 from logitreplay.archive import Case
+from logitreplay.archive.shape import kind_for
 from logitreplay.errors import SelectorError
 from logitreplay.selectors.base import Launch, Selector
 from logitreplay.selectors.features import features
@@ -250,7 +258,10 @@ class AutoSelector:
 
     def supports(self, case: Case, device: torch.device) -> str | None:
         seen = features(case) if self.rule.features else None
-        name, why = self.rule.choose(case.dtype, case.kind, case.rows, case.cols, seen)
+        kind, known = kind_for(case.attrs, case.row_starts, case.row_ends, case.cols, case.top_k)
+        name, why = self.rule.choose(case.dtype, kind, case.rows, case.cols, seen)
+        if known != f"labelled {kind}":  # inferred from the bounds, or a label the bounds contradict
+            why = f"{why}; {known}"
         self.choices[case.case_id] = (name, why)
         self._chosen = self.selectors[name]
         reason = self._chosen.supports(case, device)
