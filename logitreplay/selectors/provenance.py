@@ -15,11 +15,11 @@ checkout being rendered, a test's edited copy) are computed from its own files.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 from pathlib import Path
 
-from logitreplay.selectors.registry import FAMILIES, UPSTREAM
-from logitreplay.selectors.vllm_libs import split_spec
+from logitreplay.selectors.registry import split_spec
+from logitreplay.selectors.upstream import catalog
+from logitreplay.selectors.upstream.loading import installed_version
 
 PACKAGE = Path(__file__).resolve().parent
 BUNDLED = ("native", "deepselect", "split")
@@ -28,9 +28,6 @@ DISPATCHERS = ("auto",)
 # The Python that builds (flags, architecture), binds and launches (grid, workspace) the CUDA kernels.
 CUDA_LAUNCH = ("cuda/abi.py", "cuda/build.py", "cuda/kernels.py")
 CPU_MODELS = ("cpu_models.py",)
-# A peer family (registry.FAMILIES) -> the module whose installed distribution names its version.
-PEER_MODULES = {"vllm": "vllm", "deepselect": "deep_select", "flashinfer": "flashinfer", "sglang": "sglang",
-                "sgl": "sgl_kernel", "cudnn": "cudnn"}
 
 
 def kernel_files(name: str, device_kind: str, base: Path = PACKAGE) -> list[str]:
@@ -69,23 +66,18 @@ def bundled_in(selectors: list[str]) -> list[str]:
 
 
 def peer_version(spec: str) -> str | None:
-    """The package version of an upstream peer's selector spec (`flashinfer-python 0.7.2`), or the
-    library or folder it was given (`from _C_stable_libtorch.abi3.so`); None for a name that is no peer."""
+    """The package version of an upstream peer's selector spec (`flashinfer-python 0.7.2`, read from the
+    installed distribution's metadata without importing it), or the library or folder it was given
+    (`from _C_stable_libtorch.abi3.so`); None for a name that is no peer."""
     name, path = split_spec(spec)
-    if name not in UPSTREAM:
+    entry = catalog.adapters().get(name)
+    if entry is None:
         return None
     if path is not None:
         return f"from {Path(path).name}"
-    module = PEER_MODULES.get(FAMILIES.get(name, "").split(".")[0])
-    if module is None:
-        return "version unknown"
-    dists = importlib.metadata.packages_distributions().get(module, [])
-    for dist in dists:
-        try:
-            return f"{dist} {importlib.metadata.version(dist)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return f"{module} not installed"
+    source = entry.declared.release.source
+    version = installed_version(source)
+    return f"{source.dist} {version}" if version else f"{source.dist} not installed"
 
 
 def peer_versions(specs: list[str]) -> dict[str, str]:
