@@ -1,6 +1,7 @@
 """Selector plugins that take their whole process down, each the way foreign code does: `os._exit(0)`,
 a segfault (a read of address 0), SIGKILL (what the OOM killer sends); and one that exhausts the memory
-its process may have (an RLIMIT_AS set in its launch), which is only its own error. Each is the
+its process may have (an RLIMIT_AS set in its launch), which is only its own error, and one that keeps
+all of it (`hoards`), which must cost the other selectors of its worker nothing. Each is the
 reference selection until its launch runs, so every other selector's results stay comparable. Two end
 their process the way a dead CUDA context can: `lingers` is the reference selection with a thread that
 never ends (its process cannot exit by itself), and `unreapable` dies where nothing can reap it for a
@@ -9,6 +10,7 @@ looks to the one waiting for it."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -72,6 +74,22 @@ def _exhaust_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+_HOARD: list[bytearray] = []
+
+
+def _hoard_memory() -> None:
+    """Take all the memory this process may have (an RLIMIT_AS just above what it maps) and keep it: the
+    limit stays and so does every byte taken, as a leaking plugin leaves its process."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + (64 << 20), hard))
+    with contextlib.suppress(MemoryError):
+        while True:
+            _HOARD.append(bytearray(1 << 20))
+    raise MemoryError("hoarded every byte")
+
+
 def make_exits() -> _Dying:
     return _Dying("exits", lambda: os._exit(0))
 
@@ -86,6 +104,10 @@ def make_killed() -> _Dying:
 
 def make_out_of_memory() -> _Dying:
     return _Dying("out-of-memory", _exhaust_memory)
+
+
+def make_hoards() -> _Dying:
+    return _Dying("hoards", _hoard_memory)
 
 
 def make_lingers() -> _Lingers:

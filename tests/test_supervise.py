@@ -62,6 +62,7 @@ def test_a_selector_that_kills_its_process_loses_only_its_own_results(archive: s
             assert by_name[ok]["status"] == "ok" and by_name[ok]["timing"]["samples_us"], by_name[ok]
 
 
+@pytest.mark.slow
 def test_a_selector_that_exhausts_memory_has_its_own_error(archive: str, tmp_path: Path) -> None:
     res, cases = _replay(archive, tmp_path / "r.json", "--selector", f"{DYING}:make_out_of_memory")
     assert res.exit_code == 0, res.output
@@ -70,6 +71,23 @@ def test_a_selector_that_exhausts_memory_has_its_own_error(archive: str, tmp_pat
         assert ref["status"] == "ok"
         assert (oom["status"], oom["reason"]) == ("error", "MemoryError: out of host memory")
     assert not any("worker died" in n for n in json.loads((tmp_path / "r.json").read_text())["notes"])
+
+
+@pytest.mark.slow
+def test_a_selector_that_hoards_all_memory_loses_only_its_own_results(archive: str, tmp_path: Path) -> None:
+    """Issue 40, finding 9: in the worker it shares (no --isolate), a selector that takes every byte and
+    keeps it once took the reference's results with it; they now run again in a fresh worker."""
+    res, cases = _replay(archive, tmp_path / "r.json", "--selector", f"{DYING}:make_hoards",
+                         "--selector", "tests.plugins:make_good")
+    assert res.exit_code == 0, res.output
+    for case in cases:
+        by_name = {r["selector"]: r for r in case["results"]}
+        assert list(by_name) == ["reference", "hoards", "good"], case
+        assert by_name["hoards"]["status"] == "error" and "MemoryError" in by_name["hoards"]["reason"]
+        for ok in ("reference", "good"):
+            assert by_name[ok]["status"] == "ok" and by_name[ok]["timing"]["samples_us"], by_name[ok]
+    notes = json.loads((tmp_path / "r.json").read_text())["notes"]
+    assert sum(n.startswith("memory ran out in a worker") for n in notes) == 1, notes
 
 
 def test_a_schema_check_that_cannot_run_still_writes_the_report(archive: str, tmp_path: Path,

@@ -11,7 +11,10 @@ When a worker ends early, the parent knows the case and the step in progress. A 
 ends that selector's result on that case with the reason ("worker died: SIGSEGV", "timed out after 5 s
 (worker killed)"); a step of several is run again in a fresh worker one selector at a time, which finds
 the one; a worker that reports a lost CUDA context (cuda_errors.py) has sent its culprit's result
-itself; a death while reading a case makes that case invalid. A fresh worker then continues from that
+itself; a death while reading a case makes that case invalid. Memory that runs out after other selectors'
+code ran in the worker may be another selector's doing (one that hoards what it took): the worker ends
+itself without a result for that step ("spent"), and fresh workers run the step's selectors one at a
+time, so that only the one that runs out of memory in a process of its own has that error. A fresh worker then continues from that
 case with the selectors whose result there is not yet known. Every fresh worker so starts further on
 (a later case, or more results known on its case, or its selectors one at a time), and a worker that
 ends twice on one case with nothing new settled (outside any selector's step) ends the unknown results
@@ -36,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -101,6 +105,7 @@ class _End:
     reason: str
     lost: bool = False
     culprit: str | None = None
+    spent: bool = False  # it ran out of memory after other selectors' code ran in it (`_out_of_memory`)
 
 
 def supervise(job: Job, total: int, timeout_s: float | None, notes: list[str],
@@ -145,6 +150,16 @@ def _after(job: Job, end: _End, total: int, headers: dict[int, CaseResult],
     i = end.index
     if i >= total:  # it ended after its last result, before saying it was done: nothing is left to run
         return replace(job, start=i, known=(), one_by_one=False)
+    if end.spent:  # nothing is blamed: a fresh worker goes on, a step of several one selector at a time
+        known = tuple(n for n in job.names if n in parts.get(i, {}))
+        cid = headers[i].case_id if i in headers else (ids[i] if i < len(ids) else f"#{i}")
+        if not any(n.startswith("memory ran out") for n in notes):  # once a run: it may recur on every case
+            notes.append(f"memory ran out in a worker other selectors' code had run in (first on case {cid}: "
+                         f"{one_line(end.reason, 120)}); fresh workers went on, one selector at a time")
+        if i in headers and len(known) == len(job.names):
+            return replace(job, start=i + 1, known=(), one_by_one=False)
+        several = end.step is not None and len(end.step) > 1
+        return replace(job, start=i, known=known, one_by_one=several or (job.one_by_one and i == job.start))
     if not end.started or i not in headers:  # it died reading the case: unusable, the run goes on after it
         cid = ids[i] if i < len(ids) else f"#{i}"
         headers[i] = CaseResult(cid, 0, 0, 0, "-", 0, "unreadable", 0,
@@ -265,6 +280,8 @@ def _run_worker(job: Job, timeout_s: float | None,
                 if message[2] is not None:
                     yield "result", message[1], message[2]
                 return _End(index, started, step, message[3], lost=True, culprit=message[4])
+            elif kind == "spent":
+                return _End(message[1], True, message[2], message[3], spent=True)
             elif kind == "done":
                 proc.join(EXIT_S)
                 left = _kill(proc)
@@ -358,18 +375,38 @@ def _work(job: Job, out: Connection, log: str) -> None:
     protocol = TimingProtocol(**job.protocol)
     cases, _, _ = open_cases(job.locations, job.suite, job.scale, start=job.start, controls=job.controls,
                              case_globs=job.case_globs, case_regex=job.case_regex, only=job.only)
+    steps = 0  # steps run in this process: after one, running out of memory may be an earlier selector's doing
     for index, case in enumerate(cases, start=job.start):
         first = index == job.start
         here = [s for s in selectors if not (first and s.name in job.known)]
+        if not isinstance(case, Case) and steps and _out_of_memory(case.reason):
+            out.send(("spent", index, None, case.reason))  # a fresh worker reads it
+            return
         if isinstance(case, Case):
             out.send(("case", index, case_header(case, job.read_bandwidth)))
         groups = [[s] for s in here] if first and job.one_by_one and isinstance(case, Case) else [here]
         for n, group in enumerate(groups, start=1):
-            out.send(("step", index, tuple(s.name for s in group)))
+            names = tuple(s.name for s in group)
+            out.send(("step", index, names))
             try:
                 result = next(replay([case], group, device, protocol, job.poison, extra, job.read_bandwidth))
             except DeviceLost as lost:  # this process can do no more GPU work: a fresh worker goes on
                 out.send(("lost", index, lost.partial, str(lost), lost.result.selector if lost.result else None))
                 return
+            steps += 1
+            short = next((why for why in [result.invalid, *(r.reason for r in result.results)] if _out_of_memory(why)),
+                         None)
+            if short is not None and (steps > 1 or len(group) > 1):
+                out.send(("spent", index, names, short))  # whose doing is unknown: none of these results is kept
+                return
             out.send(("result", index, result, n == len(groups)))
+            if short is not None:  # its own: the process may still hold what it took
+                out.send(("spent", index + (n == len(groups)), None, short))
+                return
     out.send(("done",))
+
+
+def _out_of_memory(reason: str | None) -> bool:
+    """Whether a reason says host or device memory ran out (Python's, torch's and check_memory's words)."""
+    return reason is not None and re.search(
+        r"MemoryError|out of (host |device )?memory|allocate memory|GiB available on", reason) is not None
