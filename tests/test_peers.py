@@ -20,10 +20,9 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.replay.verify import Inputs, OutputBuffer, check_output, expected_values
-from logitreplay.selectors import layouts
 from logitreplay.selectors.base import prepare_for
 from logitreplay.selectors.registry import available, build, needs_own_process
-from logitreplay.selectors.upstream import Upstream, catalog, cudnn, loading
+from logitreplay.selectors.upstream import Upstream, catalog, cudnn, launches, loading
 from tests import peer_standins
 
 CUDA = torch.device("cuda")
@@ -161,16 +160,16 @@ def test_a_peer_from_a_folder_is_named_after_it_and_a_second_copy_is_refused(sta
     assert not needs_own_process(["flashinfer-ragged", "sgl-fast-topk", "vllm-native"])
 
 
-@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("layout", launches.LAYOUTS)
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_a_page_table_maps_back_to_the_columns_it_was_given(layout: str, page_size: int) -> None:
     rows, cols = 3, 300
-    table = layouts.page_table(rows, cols, page_size, layout, torch.device("cpu"))
+    table = launches.page_table(rows, cols, page_size, layout, torch.device("cpu"))
     local = torch.tensor([[0, 299, 64, -1], [5, 6, 200, 1], [-1, -1, 130, 299]], dtype=torch.int32)
     pages = table.table[torch.arange(rows)[:, None], (local // page_size).clamp(min=0)]
     slots = torch.where(local < 0, -1, pages * page_size + local % page_size)
     out = torch.empty_like(local)
-    table.map_back(slots, None, out)
+    launches.mapper(table, out)(slots)
     assert torch.equal(out, local)
     assert (layout == "identity") == bool((table.table.flatten().diff() == 1).all())
 

@@ -3,7 +3,9 @@
 A selector is split in two so that timing measures the kernel alone: `prepare` may allocate, build and
 inspect anything; the closure it returns only launches work that writes `out` (no allocation, no host
 sync, no host read of the bounds), so on CUDA it can be captured once in a graph and replayed after the
-bounds changed in place, as production does.
+bounds changed in place, as production does. A selector whose call depends on what the case records
+beyond its tensors has `prepare_case(case, ...)` as well, and the engine gives it the case
+(`prepare_for`; docs/selectors.md states both forms).
 """
 
 from __future__ import annotations

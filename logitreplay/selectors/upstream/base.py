@@ -70,13 +70,13 @@ class Release:
 
 # Row layouts an adapter can take: rows from column 0 (decode), rows starting anywhere (a multi-request
 # prefill chunk), and a row stride larger than the row (padded logits).
-LAYOUTS = ("decode", "starts", "padded")
+ROW_LAYOUTS = ("decode", "starts", "padded")
 
 
 @dataclass(frozen=True)
 class Declared:
     """One adapter, as `logitreplay selectors` lists it: what it is called, what it was read from, the
-    dtypes, the top_k range (inclusive) and the row layouts (`LAYOUTS`) it takes. `k` and `dtypes` state
+    dtypes, the top_k range (inclusive) and the row layouts (`ROW_LAYOUTS`) it takes. `k` and `dtypes` state
     what `limits` checks; a test holds the two together. `k` (low, None) has no upper bound; `k_only`,
     when given, is the set of top_k inside the range that the kernel is built for."""
 
@@ -167,9 +167,12 @@ def fp32_only(case: Case) -> str | None:
     return None if case.dtype == "float32" else f"reads float32 logits only, not {case.dtype}"
 
 
-def staged(kernel: Callable[[torch.Tensor], None], out: torch.Tensor) -> Launch:
-    """A launch that runs `kernel` into a contiguous block shaped like `out`, then copies it into `out`."""
-    scratch = torch.empty(out.shape, dtype=torch.int32, device=out.device)
+def staged(kernel: Callable[[torch.Tensor], None], out: torch.Tensor, align: int = 1) -> Launch:
+    """A launch that runs `kernel` into a block shaped like `out` (its rows `align` int32s apart, as
+    DeepSelect's output alignment asks), made now, then copies it into `out`."""
+    rows, top_k = out.shape
+    width = -(-top_k // align) * align
+    scratch = torch.empty((rows, width), dtype=torch.int32, device=out.device)[:, :top_k]
 
     def launch() -> None:
         kernel(scratch)
@@ -178,5 +181,5 @@ def staged(kernel: Callable[[torch.Tensor], None], out: torch.Tensor) -> Launch:
     return launch
 
 
-__all__ = ["LAYOUTS", "Declared", "Release", "Upstream", "fp32_only", "library_label", "release_numbers", "staged",
+__all__ = ["ROW_LAYOUTS", "Declared", "Release", "Upstream", "fp32_only", "library_label", "release_numbers", "staged",
            "starts_at_zero"]

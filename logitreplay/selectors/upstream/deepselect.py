@@ -9,7 +9,7 @@ import torch
 
 from logitreplay.archive import ELEMENT_BYTES, Case
 from logitreplay.selectors.base import Launch
-from logitreplay.selectors.upstream.base import Declared, Release, Upstream, starts_at_zero
+from logitreplay.selectors.upstream.base import Declared, Release, Upstream, staged, starts_at_zero
 from logitreplay.selectors.upstream.loading import Source
 
 # The architecture probe reads the extension (deep_select_cuda*.so), not the package's __init__.
@@ -44,16 +44,12 @@ class DeepSelectUpstream(Upstream):
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         ds = self._import()
-        align = int(ds.get_stride_requirement()[1]) // 4  # output row stride alignment, in int32s
-        width = -(-top_k // align) * align
-        scratch = torch.empty((logits.shape[0], width), dtype=torch.int32, device=logits.device)[:, :top_k]
 
-        def launch() -> None:
+        def kernel(idx: torch.Tensor) -> None:
             ds.topk(logits, top_k, sorted=False, end=row_ends, indices_type=torch.int32, sorted_index=False,
-                    return_value=False, output_idx=scratch, idx_oob_fill_value=-1, abort_when_nan_found=False)
-            out.copy_(scratch)
+                    return_value=False, output_idx=idx, idx_oob_fill_value=-1, abort_when_nan_found=False)
 
-        return launch
+        return staged(kernel, out, int(ds.get_stride_requirement()[1]) // 4)  # output rows' alignment, int32s
 
 
 __all__ = ["DEEP_SELECT", "DeepSelectUpstream"]

@@ -7,7 +7,7 @@
   deterministic=False, tie_break=0, dsa_graph_safe=True, row_starts=row_starts)`.
 - `flashinfer-paged[-cub][-shuffled]`: its paged (decode) call, `top_k_page_table_transform(...,
   page_table_1, lengths, k, row_to_batch=None, ..., dsa_graph_safe=True, row_starts=None)`, on a page
-  table of page size 1 built for the case (layouts.py).
+  table of page size 1 built for the case (launches.py).
 - `flashinfer-topk[-cub]`: SGLang's unfused path (`_topk_unfused` with `flashinfer.top_k(masked, k,
   sorted=False, deterministic=False, tie_break=0, dsa_graph_safe=True)`): mask the outside of each window
   to -inf, select, subtract the row start, -1 where the selected score is -inf.
@@ -29,8 +29,8 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.selectors.base import Launch
-from logitreplay.selectors.layouts import page_table, ragged_offsets, slots_fit, unoffset
 from logitreplay.selectors.upstream.base import Declared, Release, Upstream, fp32_only, starts_at_zero
+from logitreplay.selectors.upstream.launches import paged, ragged, slots_fit
 from logitreplay.selectors.upstream.loading import Source
 
 # The top-k JIT module prebuilt for the GPU (AOT), where FlashInfer's loader looks first; else built there.
@@ -128,18 +128,15 @@ class FlashInferRagged(FlashInfer):
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         fi, backend = self._fi(), self.backend
-        offsets = ragged_offsets(logits.shape[0], logits.shape[1], logits.device)
-        lengths = torch.empty_like(row_ends)
 
-        def launch() -> None:
-            torch.sub(row_ends, row_starts, out=lengths)
+        def call(lengths: torch.Tensor, offsets: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
             with _algo(backend):
-                got = fi.top_k_ragged_transform(
-                    logits.contiguous(), offsets, lengths, top_k, deterministic=False, tie_break=0,
-                    dsa_graph_safe=True, row_starts=row_starts)
-            unoffset(got, offsets, out)
+                got: torch.Tensor = fi.top_k_ragged_transform(
+                    logits.contiguous(), offsets, lengths, top_k, deterministic=False, tie_break=0, dsa_graph_safe=True,
+                    row_starts=row_starts)
+            return got
 
-        return launch
+        return ragged(logits, row_starts, row_ends, top_k, out, call)
 
 
 class FlashInferRaggedCub(FlashInferRagged):
@@ -164,16 +161,15 @@ class FlashInferPaged(FlashInfer):
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         fi, backend = self._fi(), self.backend
-        table = page_table(logits.shape[0], logits.shape[1], 1, self.layout, logits.device)
 
-        def launch() -> None:
+        def call(table: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
             with _algo(backend):
-                slots = fi.top_k_page_table_transform(
-                    logits.contiguous(), table.table, row_ends, top_k, row_to_batch=None, deterministic=False,
-                    tie_break=0, dsa_graph_safe=True, row_starts=None, page_table_row_starts=None)
-            table.map_back(slots, None, out)
+                slots: torch.Tensor = fi.top_k_page_table_transform(
+                    logits.contiguous(), table, row_ends, top_k, row_to_batch=None, deterministic=False, tie_break=0,
+                    dsa_graph_safe=True, row_starts=None, page_table_row_starts=None)
+            return slots
 
-        return launch
+        return paged(logits, top_k, out, self.layout, 1, call)
 
 
 class FlashInferPagedCub(FlashInferPaged):

@@ -31,8 +31,8 @@ import torch
 
 from logitreplay.archive import Case
 from logitreplay.selectors.base import Launch
-from logitreplay.selectors.layouts import page_table, ragged_offsets, slots_fit, unoffset
-from logitreplay.selectors.upstream.base import Declared, Release, Upstream, fp32_only, starts_at_zero
+from logitreplay.selectors.upstream.base import Declared, Release, Upstream, fp32_only, staged, starts_at_zero
+from logitreplay.selectors.upstream.launches import paged, ragged, slots_fit
 from logitreplay.selectors.upstream.loading import Source
 
 V2_MODULE = "sglang.kernels.ops.attention.dsv4.topk"
@@ -87,16 +87,12 @@ class SglangRaggedV2(SglangV2):
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         v2 = self._v2()
         scores = _own_scores(logits)
-        offsets = ragged_offsets(logits.shape[0], logits.shape[1], logits.device)
-        lengths = torch.empty_like(row_ends)
 
-        def launch() -> None:
-            torch.sub(row_ends, row_starts, out=lengths)
-            got = scores.new_empty((scores.shape[0], top_k), dtype=torch.int32)
+        def call(lengths: torch.Tensor, offsets: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
             v2.topk_transform_ragged_v2(scores, lengths, out_offsets=offsets, out_indices=got, row_starts=row_starts)
-            unoffset(got, offsets, out)
+            return got
 
-        return launch
+        return ragged(logits, row_starts, row_ends, top_k, out, call)
 
 
 class SglangPagedV2(SglangV2):
@@ -114,17 +110,14 @@ class SglangPagedV2(SglangV2):
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         v2 = self._v2()
-        rows = logits.shape[0]
-        table = page_table(rows, logits.shape[1], V2_PAGE_SIZE, self.layout, logits.device)
-        plan = torch.empty((rows + 1, 2), dtype=torch.int32, device=logits.device)
+        plan = torch.empty((logits.shape[0] + 1, 2), dtype=torch.int32, device=logits.device)
 
-        def launch() -> None:
+        def call(table: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
             v2.plan_topk_v2(row_ends, out=plan)
-            slots = logits.new_empty((rows, top_k), dtype=torch.int32)
-            v2.topk_transform_paged_v2(logits, row_ends, table.table, slots, V2_PAGE_SIZE, plan)
-            table.map_back(slots, None, out)
+            v2.topk_transform_paged_v2(logits, row_ends, table, slots, V2_PAGE_SIZE, plan)
+            return slots
 
-        return launch
+        return paged(logits, top_k, out, self.layout, V2_PAGE_SIZE, call)
 
 
 class SglangPagedV2Shuffled(SglangPagedV2):
@@ -159,13 +152,11 @@ class SglFastTopk(SglKernel):
         op, starts = self._op(), _starts(row_starts)
         lengths = torch.empty_like(row_ends)
 
-        def launch() -> None:
+        def kernel(got: torch.Tensor) -> None:
             torch.sub(row_ends, row_starts, out=lengths)
-            got = logits.new_empty((logits.shape[0], top_k), dtype=torch.int32)
             op(logits, got, lengths, starts)
-            out.copy_(got)
 
-        return launch
+        return staged(kernel, out)
 
 
 class SglFastTopkPaged(SglKernel):
@@ -183,15 +174,13 @@ class SglFastTopkPaged(SglKernel):
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         op, rows = self._op(), logits.shape[0]
-        table = page_table(rows, logits.shape[1], 1, self.layout, logits.device)
         cu_seqlens_q = torch.arange(rows + 1, dtype=torch.int32, device=logits.device)
 
-        def launch() -> None:
-            slots = logits.new_empty((rows, top_k), dtype=torch.int32)
-            op(logits, row_ends, slots, table.table, cu_seqlens_q, None)
-            table.map_back(slots, None, out)
+        def call(table: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+            op(logits, row_ends, slots, table, cu_seqlens_q, None)
+            return slots
 
-        return launch
+        return paged(logits, top_k, out, self.layout, 1, call)
 
 
 class SglFastTopkPagedShuffled(SglFastTopkPaged):
@@ -213,16 +202,12 @@ class SglFastTopkRagged(SglKernel):
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         op = self._op()
-        offsets = ragged_offsets(logits.shape[0], logits.shape[1], logits.device)
-        lengths = torch.empty_like(row_ends)
 
-        def launch() -> None:
-            torch.sub(row_ends, row_starts, out=lengths)
-            got = logits.new_empty((logits.shape[0], top_k), dtype=torch.int32)
+        def call(lengths: torch.Tensor, offsets: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
             op(logits, lengths, got, offsets, row_starts)
-            unoffset(got, offsets, out)
+            return got
 
-        return launch
+        return ragged(logits, row_starts, row_ends, top_k, out, call)
 
 
 __all__ = ["SGLANG_V2", "SGL_KERNEL", "SglFastTopk", "SglFastTopkPaged", "SglFastTopkRagged", "SglKernel",

@@ -214,14 +214,7 @@ class VllmDeepSelect(VllmKernel):
 
         if out.stride(1) == 1 and (out.stride(0) * 4) % out_align == 0 and out.data_ptr() % out_align == 0:
             return lambda: kernel(out)
-        width = -(-top_k // (out_align // 4)) * (out_align // 4)
-        scratch = torch.empty((logits.shape[0], width), dtype=torch.int32, device=logits.device)[:, :top_k]
-
-        def launch() -> None:
-            kernel(scratch)
-            out.copy_(scratch)
-
-        return launch
+        return staged(kernel, out, out_align // 4)
 
 
 class VllmAuto(VllmKernel):
