@@ -34,6 +34,7 @@ import os
 import sys
 import threading
 import types
+from collections import Counter
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -56,6 +57,8 @@ ENV_EXIT_WAIT = "LOGITREPLAY_CAPTURE_EXIT_WAIT"
 ENV_MODEL = "LOGITREPLAY_CAPTURE_MODEL"
 ENV_REVISION = "LOGITREPLAY_CAPTURE_REVISION"
 AUTO = "auto"
+# What happened to a top-k call the plugin saw (`EngineCapture.calls_by_path`).
+CAPTURED, SKIPPED, WARMUP, NOT_CAPTURABLE = "captured", "skipped", "warmup", "not_capturable"
 _WARMUP_DEPTH = 400
 _active: EngineCapture | None = None  # the capture installed in this process, of whichever engine
 
@@ -70,6 +73,7 @@ class EngineCapture:
     sites: tuple[Site, ...] = ()
     runner: Runner
     warmup_functions: frozenset[str] = frozenset()
+    steps_only = False  # whether every call outside the engine's (wrapped) step is a warm-up
 
     def __init__(self, directory: str | os.PathLike[str], policy: Policy, *,
                  ranks: set[int] | str | None = AUTO, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
@@ -91,6 +95,9 @@ class EngineCapture:
         self._patched: list[tuple[Any, str, Any]] = []  # (target, attribute, original)
         self.steps = Steps(self.runner)
         self._recorded = False
+        self.paths: Counter[tuple[str, str]] = Counter()  # (path, outcome) -> calls
+        self.reasons: dict[str, str] = {}  # path -> why its calls are not capturable
+        self.unsupported: str | None = None  # the engine release is not one the plugin knows: why
 
     @classmethod
     def from_env(cls, directory: str, engine: str, version: str | None) -> EngineCapture:
@@ -109,6 +116,7 @@ class EngineCapture:
         """Wrap each site's attribute on each of its targets that has it; returns how many were wrapped.
         A call seen through two wrappers (the module function and the op it forwards to) is captured once."""
         global _active
+        _active = self  # the sites' targets may depend on what this capture knows (the engine's release)
         for site in self.sites if sites is None else sites:
             for target in site.targets():
                 try:
@@ -120,10 +128,22 @@ class EngineCapture:
                 setattr(target, site.name, _Wrapped(self, original, site))
                 self._patched.append((target, site.name, original))
         if not self._patched:
+            _active = None
             raise RuntimeError(f"none of {', '.join(s.name for s in self.sites)} found to wrap")
         self.steps.install()  # the model runner's module is usually imported later: `offer` retries
         _active = self
         return len(self._patched)
+
+    def refuse(self, reason: str) -> None:
+        """An engine release the plugin does not know: wrap nothing, say so once in the log and, at exit, in
+        the run summary (`engine_unsupported`), so that a run that captured nothing says why."""
+        global _active
+        self.unsupported = reason
+        log.error("logitreplay capture: %s", reason)
+        flush = functools.partial(self.close, self.exit_wait_s)
+        multiprocessing.util.Finalize(None, flush, exitpriority=10)
+        atexit.register(flush)
+        _active = self
 
     def uninstall(self) -> None:
         """Restore the originals, also in modules that imported a wrapper by name after `install`."""
@@ -145,10 +165,14 @@ class EngineCapture:
         call record (`steps`). Registered at this process's exit when its writer starts."""
         if self._pid != os.getpid():
             return None
-        if self.writer is None and self.steps.counted and self.enabled and self._rank_wanted(False):
+        if (self.writer is None and (self.steps.counted or self.paths or self.unsupported) and self.enabled
+                and self._rank_wanted(False)):
             self._writer()  # nothing stored, yet the calls were seen: their record needs a writer id
         if self.writer is None:
             return None
+        self.writer.note("calls_by_path", self.calls_by_path())
+        if self.unsupported is not None:
+            self.writer.note("engine_unsupported", self.unsupported)
         summary = self.writer.close(timeout)
         if self._recorded:
             return summary
@@ -178,15 +202,24 @@ class EngineCapture:
                 return
             if not self.steps.complete:
                 self.steps.install()
+            if self.steps.in_dummy_step or (not self.steps.in_step and self._warmup(frame)):
+                self._count(site, WARMUP)  # a real step's calls are no dummy run's: no walk up the stack
+                return
+            if site.uncapturable is not None:
+                self._count(site, NOT_CAPTURABLE, site.uncapturable)
+                return
             call = site.read(args, kwargs, result, frame)
-            if call is None or self.steps.in_dummy_step or (not self.steps.in_step and self.in_warmup(frame)):
-                return  # a real step's calls are no dummy run's: no walk up the whole stack for them
+            if call is None:
+                self._count(site, NOT_CAPTURABLE, "a caller or arguments this plugin does not read")
+                return
             rows, width = (int(n) for n in call.matrix.shape)
             self.steps.count(call.layer.index, width, rows, str(call.matrix.dtype).removeprefix("torch."),
                              str(call.attrs.get("kind", "prefill")))
             if self.selection.exhausted() or not self._rank_wanted(call.shard is not None):
+                self._count(site, SKIPPED)
                 return
             if not self.selection.wants(call.layer.index, width, decode_rows(call.attrs.get("kind"), rows)):
+                self._count(site, SKIPPED)
                 return
             writer = self._writer()
             attrs = {**self.provenance, **self.model_facts(), **call.attrs, "index_source": site.source,
@@ -198,6 +231,7 @@ class EngineCapture:
                                    row_stride=call.row_stride, layer_index=call.layer.index,
                                    layer_name=call.layer.name, requests=call.requests, attrs=attrs,
                                    key_offsets=call.key_offsets, extras=call.extras, finish=call.finish)
+            self._count(site, CAPTURED if staged else SKIPPED)
             if staged and call.shard is not None:
                 self._sharded_cases += 1
                 writer.note("tensor_parallel", {
@@ -206,6 +240,28 @@ class EngineCapture:
                             "holds its own row window; the other ranks' summaries hold the rest"})
         except Exception as e:  # never into the model
             self._fail(f"{type(e).__name__}: {e}")
+
+    def _warmup(self, frame: FrameType | None) -> bool:
+        """A call outside a real step: a warm-up once the engine's step is wrapped and `steps_only` (a
+        model's calls all run in steps, so any other run scores no request), else when a caller up the
+        stack is one of the engine's dummy runs."""
+        return (self.steps_only and self.steps.complete) or self.in_warmup(frame)
+
+    def _count(self, site: Site, outcome: str, reason: str | None = None) -> None:
+        """One top-k call the plugin saw, by path and outcome, for the run summary (`calls_by_path`)."""
+        self.paths[(site.path, outcome)] += 1
+        if reason is not None:
+            self.reasons.setdefault(site.path, reason)
+
+    def calls_by_path(self) -> dict[str, Any]:
+        """The run summary's count of every top-k call seen: per path, captured, skipped (by the policy,
+        its budgets or the ranks), warm-up (outside real steps), not capturable (with why)."""
+        out: dict[str, Any] = {}
+        for (path, outcome), n in sorted(self.paths.items()):
+            out.setdefault(path, {CAPTURED: 0, SKIPPED: 0, WARMUP: 0, NOT_CAPTURABLE: 0})[outcome] = n
+        for path, reason in self.reasons.items():
+            out[path]["why_not_capturable"] = reason
+        return out
 
     def in_warmup(self, frame: FrameType | None) -> bool:
         """Whether a caller up the stack is one of the engine's dummy runs (host frames only)."""
@@ -248,6 +304,7 @@ class EngineCapture:
         self._sharded_cases = 0
         self.steps.reset()
         self._recorded = False
+        self.paths.clear()
 
     def _fail(self, message: str) -> None:
         self.enabled = False
@@ -263,7 +320,9 @@ class EngineCapture:
     def _tp_attrs(self, call: Call) -> dict[str, Any]:
         tp_rank, _, tp_size = self._ranks()
         out: dict[str, Any] = {"tp_rank": tp_rank, "tp_size": tp_size, "row_sharded": call.shard is not None}
-        if call.shard is not None:
+        if call.shard is not None and "sizes" not in call.shard:
+            out["row_sharding"] = call.shard.get("scheme")
+        elif call.shard is not None:
             out.update(tp_size=len(call.shard["sizes"]), shard_rows=[call.shard["start"], call.shard["stop"]],
                        shard_sizes=call.shard["sizes"])
         return out

@@ -43,12 +43,17 @@ class Call:
 @dataclass(frozen=True)
 class Site:
     """An intercepted call site: the attribute `name` wrapped on every object `targets()` returns, and
-    `read(args, kwargs, result, caller_frame)` turning one call into a `Call` (None: not captured)."""
+    `read(args, kwargs, result, caller_frame)` turning one call into a `Call` (None: not one it can
+    capture, counted as such)."""
 
     name: str
     targets: Callable[[], list[Any]]
     read: Callable[[tuple[Any, ...], dict[str, Any], Any, FrameType | None], Call | None]
     source: str  # recorded as the cases' `index_source`
+    path: str = "prefill"  # what the run summary counts its calls under (prefill, decode, deepselect, fused)
+    # Why no call of this site can be captured (a kernel that builds no logits), or None: its calls are
+    # counted as not capturable, with this reason, and never read.
+    uncapturable: str | None = None
 
 
 __all__ = ["Call", "Site"]

@@ -85,8 +85,9 @@ class Steps:
 
     @property
     def complete(self) -> bool:
-        """Every runner module's class is wrapped (until then `install` is retried: a module imported later,
-        V2's after V1's, has its own class)."""
+        """Every runner module's class is wrapped (until then `install` is retried, a look-up in
+        `sys.modules` per module: a module imported later, V2's after V1's, has its own class). The
+        modules are the release's (`vllm_versions`): 0.34 has no V1 runner, so it completes there too."""
         return len(self._patched) == len(self.runner.modules)
 
     @property

@@ -1,32 +1,37 @@
-"""What vLLM 0.33's calling frames say about an intercepted top-k call: the chunk's true layout, the
-tensor-parallel row window, and the identity of the layer that called.
+"""What an intercepted vLLM top-k call is part of: the chunk and rows it scores, the requests, the
+tensor-parallel split of the rows, and the layer that called.
 
-The op's arguments alone are not enough. vLLM 0.33 hands `top_k_per_row_prefill` *compressed* logits:
-row i holds its own keys from column 0, `rowStarts` is zeros and `rowEnds = cu_seqlen_ke - cu_seqlen_ks`,
-so the arguments show neither how many requests the rows belong to nor where each row's keys sit. The
-`sparse_attn_indexer` function that calls the op has it all as locals (read, never written):
+The top-k's arguments alone are not enough: `top_k_per_row_prefill` and `deep_select_topk` get
+*compressed* logits (row i holds its own keys from column 0, `rowEnds = cu_seqlen_ke - cu_seqlen_ks`), so
+they show neither how many requests the rows belong to nor where each row's keys sit. Those facts are
+taken from what is stable across releases, never from the locals of one release's function:
 
-- `chunk` (`DeepseekV32IndexerPrefillChunkMetadata`): `token_start`, `token_end`, `num_reqs`,
-  `max_seqlen_k`; `row_start`/`row_end`: the rows this call scores;
-- `cu_seqlen_ks`: each row's key offset in the chunk's key buffer (with TP row sharding it is the local,
-  narrowed slice, while `chunk.cu_seqlen_ks` stays full: the locals are the truth);
-- `row_starts`: None for the compressed layout (CUDA), `cu_seqlen_ks` for the absolute one (XPU);
-- `row_shard` (`PrefillRowShard` or None): with TP >= 2 and >= `indexer_tp_shard_min_rows` prefill rows,
-  each rank scores only its window `[start, stop)` and the indices are all-gathered afterwards;
-- `k_cache_prefix`: the `attn_metadata` key of the *key cache*, which in DeepSeek V4.1 may belong to
-  another layer (non-owning index sources share the kv source's cache): not the layer's identity;
-- `candidate_blocks`, `candidate_write`, `candidate_block_size`: V4.1 two-level selection. A consumer
-  (`candidate_blocks` set, not the writer) has masked its logits to -inf outside the candidate blocks,
-  in place, before the top-k.
+- the `sparse_attn_indexer` op's own arguments (its schema), found in the frame that runs it:
+  `k_cache_prefix` (the `attn_metadata` key of the *key cache*, which in DeepSeek V4.1 may belong to
+  another layer: not the layer's identity), `topk_indices_buffer`, and V4.1's `candidate_blocks`,
+  `candidate_write`, `candidate_block_size` (a consumer has masked its logits to -inf outside its
+  candidate blocks, in place, before the top-k);
+- the rows: the top-k's output view is a slice of `topk_indices_buffer`, so its offset in the buffer is
+  the position of its first row (host metadata of the views: no device data);
+- the forward context's indexer metadata, `attn_metadata[k_cache_prefix].prefill`: the chunk holding
+  that row (`token_start`, `token_end`, `num_reqs`, `max_seqlen_k`, `cu_seqlen_ks`: each row's key offset
+  in the chunk's key buffer), and how TP ranks split the rows (`vllm_versions`: 0.33's contiguous
+  windows from `row_shard_sizes`, 0.34's ShardQ rows from `shardq_gather_indices`, whose entries are the
+  step positions of this rank's rows). A call may score part of a chunk (a rank's window, or a dense
+  sub-window of a chunk planned for the fused kernel): its key offsets, requests and rows are its own.
 
 The calling layer itself is the first frame further up whose `self` owns the op: a DeepSeek V3.2/V4/V4.1
-attention layer (`self.indexer.indexer_op`; `_sparse_indexer_and_attn` or `forward`) or a V2-style
-`Indexer` (`self.indexer_op`). Its `indexer.prefix` names the layer; `compress_ratio` and the attention's
-`candidate_source_layer` come from the same objects. The frames are linked through torch's dispatcher
-(`torch.ops.vllm.sparse_attn_indexer` calls back into Python on the same thread). Where no owner is
-found (a compiled caller), the layer is named after its key cache and the case says so.
+attention layer (`self.indexer.indexer_op`) or a V2-style `Indexer` (`self.indexer_op`). Its
+`indexer.prefix` names the layer; `compress_ratio` and the attention's `candidate_source_layer` come from
+the same objects. The frames are linked through torch's dispatcher (`torch.ops.vllm.sparse_attn_indexer`
+calls back into Python on the same thread). Where no owner is found (a compiled caller), the layer is
+named after its key cache and the case says so.
 
-Every function here only reads Python objects and host ints: no device data, no sync.
+DeepSeek V4.1's candidate paths of vLLM 0.33 (`selection_call`: `sparse_topk_remap`,
+`select_candidate_blocks`) still read their callers' locals; they are not covered by the real-package
+tests.
+
+Every function here only reads Python objects, host ints and tensor metadata: no device data, no sync.
 """
 
 from __future__ import annotations
@@ -39,22 +44,24 @@ import torch
 
 from logitreplay.capture.frames import DEPTH, Layer, find_frame, host_int, host_str
 from logitreplay.capture.hooks import layer_number
+from logitreplay.capture.vllm_versions import Release
 
 
 @dataclass
 class Prefill:
-    """One `sparse_attn_indexer` prefill chunk call, from its frame."""
+    """One prefill top-k call inside `sparse_attn_indexer`: its chunk, its rows, their TP split."""
 
     layer: Layer
-    token_start: int  # the chunk's token range
+    token_start: int  # the chunk's token range (positions in the prefill rows the chunks index)
     token_end: int
-    row_start: int  # the rows this call scores (== the chunk's unless sharded)
+    row_start: int  # the rows this call scores (== the chunk's unless a window of it)
     row_end: int
     num_reqs: int | None  # chunk.num_reqs: requests of the whole chunk
     max_seqlen_k: int | None
     layout: str  # "compressed": rows start at column 0; "absolute": at their key offset
-    key_offsets: torch.Tensor | None  # cu_seqlen_ks (local): per-row key offset, on the device
-    shard: dict[str, Any] | None  # {"start", "stop", "sizes"} when TP row sharding is active
+    key_offsets: torch.Tensor | None  # per-row key offset of this call's rows, on the device
+    shard: dict[str, Any] | None  # the TP split of the step's prefill rows, when active
+    positions: torch.Tensor | None = None  # ShardQ: the step position of each row, on the device
     candidate: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -69,6 +76,119 @@ class Prefill:
         if not self.whole_chunk:
             out["row_start"], out["row_end"] = self.row_start, self.row_end
         return out
+
+
+@dataclass
+class IndexerOp:
+    """The `sparse_attn_indexer` op call a top-k runs in: its schema arguments, and its frame."""
+
+    frame: FrameType
+    k_cache_prefix: str | None
+    buffer: torch.Tensor | None  # topk_indices_buffer
+    candidate_blocks: Any
+    candidate_write: bool
+    candidate_block_size: int | None
+
+
+def indexer_op(frame: FrameType | None) -> IndexerOp | None:
+    """The nearest frame running the indexer op (its arguments `k_cache_prefix` and `topk_indices_buffer`)."""
+    f = find_frame(frame, local="topk_indices_buffer")
+    if f is None or "k_cache_prefix" not in f.f_locals:
+        return None
+    local = f.f_locals
+    buffer = local.get("topk_indices_buffer")
+    return IndexerOp(f, _layer_name(local.get("k_cache_prefix")),
+                     buffer if isinstance(buffer, torch.Tensor) else None, local.get("candidate_blocks"),
+                     bool(local.get("candidate_write", False)), host_int(local.get("candidate_block_size")))
+
+
+def _layer_name(value: Any) -> str | None:
+    """`k_cache_prefix` as a string: 0.34 passes it encoded through the op and resolves it on entry."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        from vllm.utils.torch_utils import _resolve_layer_name
+
+        return str(_resolve_layer_name(value))
+    except Exception:
+        return str(value)
+
+
+def buffer_row(buffer: torch.Tensor, view: torch.Tensor) -> int | None:
+    """The row of `buffer` where `view` (a slice of its rows) starts; None when it is not one."""
+    if view.dim() != 2 or buffer.dim() != 2 or view.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
+        return None
+    offset = view.storage_offset() - buffer.storage_offset()
+    if offset < 0 or buffer.stride(0) <= 0:
+        return None
+    row, column = divmod(int(offset), int(buffer.stride(0)))
+    return row if column == 0 and row < buffer.shape[0] else None
+
+
+def indexer_metadata(k_cache_prefix: str | None) -> Any:
+    """The forward context's indexer metadata of the key cache `k_cache_prefix` (None outside a step)."""
+    try:
+        from vllm.forward_context import get_forward_context
+
+        attn_metadata = get_forward_context().attn_metadata
+    except Exception:
+        return None
+    return attn_metadata.get(k_cache_prefix) if isinstance(attn_metadata, dict) else None
+
+
+def prefill_call(frame: FrameType | None, out: torch.Tensor, rows: int, starts: torch.Tensor | None,
+                 release: Release | None, tp_rank: int) -> Prefill | None:
+    """The facts of a prefill top-k call writing its indices to `out` (`rows` rows; `starts`: the row
+    starts it was given, None for DeepSelect's compressed rows). None when it is not inside
+    `sparse_attn_indexer`'s prefill, or its rows are in no chunk of the step's metadata."""
+    op = indexer_op(frame)
+    if op is None or op.buffer is None:
+        return None
+    first = buffer_row(op.buffer, out)
+    metadata = indexer_metadata(op.k_cache_prefix)
+    prefill = getattr(metadata, "prefill", None)
+    if first is None or prefill is None:
+        return None
+    chunk = next((c for c in getattr(prefill, "chunks", None) or []
+                  if host_int(getattr(c, "token_start", None)) is not None
+                  and c.token_start <= first < c.token_end), None)
+    if chunk is None or first + rows > chunk.token_end:
+        return None
+    lo = first - chunk.token_start
+    ks = getattr(chunk, "cu_seqlen_ks", None)
+    ks = ks[lo:lo + rows] if isinstance(ks, torch.Tensor) and ks.shape[0] >= lo + rows else None
+    absolute = (starts is not None and ks is not None and starts.numel() > 0
+                and starts.untyped_storage().data_ptr() == ks.untyped_storage().data_ptr())
+    layer = calling_layer(op.frame.f_back, op.k_cache_prefix)
+    candidate: dict[str, Any] = {}
+    if op.candidate_blocks is not None:
+        candidate = {"masked": not op.candidate_write, "writes_candidates": op.candidate_write,
+                     "block_size": op.candidate_block_size,
+                     "source_layer": layer.index if op.candidate_write else layer.candidate_source_layer}
+    shard, positions = _tp_rows(prefill, metadata, release, tp_rank, first, rows, op.candidate_blocks is not None)
+    return Prefill(layer, int(chunk.token_start), int(chunk.token_end), first, first + rows,
+                   host_int(getattr(chunk, "num_reqs", None)), host_int(getattr(chunk, "max_seqlen_k", None)),
+                   "absolute" if absolute else "compressed", ks, shard, positions, candidate)
+
+
+def _tp_rows(prefill: Any, metadata: Any, release: Release | None, tp_rank: int, first: int, rows: int,
+             candidates: bool) -> tuple[dict[str, Any] | None, torch.Tensor | None]:
+    """How the step's prefill rows are split across TP ranks, from the prefill metadata (V4.1 candidate
+    rows are never split)."""
+    if release is None or candidates:
+        return None, None
+    if release.tp_rows == "shardq":
+        indices = getattr(prefill, "shardq_gather_indices", None)
+        if not isinstance(indices, torch.Tensor):
+            return None, None
+        return {"scheme": "shardq", "rows": int(indices.shape[0])}, indices[first:first + rows]
+    sizes = getattr(prefill, "row_shard_sizes", None)
+    if not sizes:
+        return None, None
+    decode_tokens = host_int(getattr(metadata, "num_decode_tokens", None)) or 0
+    start = decode_tokens + sum(sizes[:tp_rank])
+    return {"scheme": "row_shard", "start": start, "stop": start + int(sizes[tp_rank]),
+            "sizes": [int(n) for n in sizes]}, None
 
 
 def calling_layer(frame: FrameType | None, k_cache_prefix: str | None, op: Any = None) -> Layer:
@@ -104,9 +224,9 @@ def calling_layer(frame: FrameType | None, k_cache_prefix: str | None, op: Any =
     return Layer(name, -1 if index is None else index, "k_cache_prefix", None, k_cache_prefix)
 
 
-def prefill_call(frame: FrameType | None) -> Prefill | None:
-    """The facts of a `top_k_per_row_prefill` call made by vLLM's `sparse_attn_indexer` (None when the
-    caller is something else: then only the op's arguments are known)."""
+def chunk_locals(frame: FrameType | None) -> Prefill | None:
+    """The facts of a V4.1 candidate-block selection inside vLLM 0.33's `sparse_attn_indexer`, from the
+    locals of its prefill loop (`chunk`, `row_start`, `row_end`, `cu_seqlen_ks`, `row_starts`)."""
     f = find_frame(frame, local="k_cache_prefix")
     if f is None:
         return None
@@ -116,7 +236,6 @@ def prefill_call(frame: FrameType | None) -> Prefill | None:
     if token_start is None or token_end is None:
         return None
     row_start, row_end = host_int(local.get("row_start")), host_int(local.get("row_end"))
-    shard = local.get("row_shard")
     ks = local.get("cu_seqlen_ks")
     candidates = local.get("candidate_blocks")
     candidate: dict[str, Any] = {}
@@ -135,9 +254,7 @@ def prefill_call(frame: FrameType | None) -> Prefill | None:
         max_seqlen_k=host_int(getattr(chunk, "max_seqlen_k", None)),
         layout="compressed" if local.get("row_starts") is None else "absolute",
         key_offsets=ks if isinstance(ks, torch.Tensor) else None,
-        shard=None if shard is None else {"start": host_int(getattr(shard, "start", None)),
-                                          "stop": host_int(getattr(shard, "stop", None)),
-                                          "sizes": [int(s) for s in getattr(shard, "sizes", [])]},
+        shard=None,
         candidate=candidate,
     )
 
@@ -192,7 +309,7 @@ def selection_call(frame: FrameType | None) -> Selection | None:
         f = find_frame(frame, local="k_cache_prefix")
         if f is None or frame.f_locals.get("out") is not f.f_locals.get("chunk_candidates"):
             return None  # decode rows: their `out` is `decode_candidates`
-        facts = prefill_call(frame)
+        facts = chunk_locals(frame)
         if facts is None:
             return None
         return Selection("candidate_block_scores", facts.layer, facts.chunk_attrs(),
@@ -202,4 +319,5 @@ def selection_call(frame: FrameType | None) -> Selection | None:
     return None
 
 
-__all__ = ["Prefill", "Selection", "calling_layer", "prefill_call", "selection_call"]
+__all__ = ["IndexerOp", "Prefill", "Selection", "buffer_row", "calling_layer", "chunk_locals", "indexer_metadata",
+           "indexer_op", "prefill_call", "selection_call"]

@@ -64,15 +64,12 @@ from typing import Any
 from logitreplay.capture import serving
 from logitreplay.capture.serving import ENV_DIR, EngineCapture, recorded_model
 from logitreplay.capture.sites import Site
-from logitreplay.capture.steps import Runner
+from logitreplay.capture.steps import Runner, Steps
 from logitreplay.capture.vllm_sites import SITES
+from logitreplay.capture.vllm_versions import RELEASES, Release, release, unsupported
 
 log = logging.getLogger("logitreplay.capture")
 
-# vLLM 0.33's model runners (V1, V2); each defines `GPUModelRunner.execute_model`, whose
-# `dummy_run=True` (V2) is not a step.
-RUNNER = Runner("vllm", ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner"), "GPUModelRunner",
-                "execute_model", lambda args, kwargs: bool(kwargs.get("dummy_run")))
 # vLLM's runs on dummy inputs (V1 and V2 model runners): their logits score an uninitialized cache.
 _WARMUP_FUNCTIONS = frozenset({"_dummy_run", "profile_run", "capture_model", "warmup_kernels"})
 
@@ -83,19 +80,54 @@ def register() -> None:
     if not directory or serving._active is not None:
         return
     try:
-        import vllm
-
-        VllmCapture.from_env(directory, "vllm", getattr(vllm, "__version__", None)).install()
+        version = _version()
+        capture = VllmCapture.from_env(directory, "vllm", version)
+        assert isinstance(capture, VllmCapture)
+        capture.release = release(version)
+        if capture.release is None:
+            capture.refuse(unsupported(version))
+        else:
+            capture.install()
     except Exception as e:
         log.error("logitreplay capture not enabled: %s: %s", type(e).__name__, e)
 
 
+def _version() -> str | None:
+    import vllm
+
+    found = getattr(vllm, "__version__", None)
+    if found is None:
+        from importlib.metadata import version
+
+        found = version("vllm")
+    return str(found)
+
+
+def _runner(modules: tuple[str, ...]) -> Runner:
+    """vLLM's step: `GPUModelRunner.execute_model` in each of the release's runner modules, whose
+    `dummy_run=True` (V2) is not a step."""
+    return Runner("vllm", modules, "GPUModelRunner", "execute_model", lambda args, kwargs: bool(kwargs.get("dummy_run")))
+
+
+RUNNER = _runner(RELEASES["0.33"].runner_modules)
+
+
 class VllmCapture(EngineCapture):
-    """The shared capture with vLLM's sites, step, dummy runs, tensor-parallel group and model facts."""
+    """The shared capture with vLLM's sites, step, dummy runs, tensor-parallel group and model facts;
+    `release` (`vllm_versions`) is what differs between the vLLM releases it knows."""
 
     sites: tuple[Site, ...] = SITES
     runner: Runner = RUNNER
     warmup_functions: frozenset[str] = _WARMUP_FUNCTIONS
+    steps_only = True
+    release: Release | None = RELEASES["0.33"]
+
+    def install(self, sites: tuple[Site, ...] | None = None) -> int:
+        """Wrap the sites, and the release's model runners for the steps."""
+        if self.release is not None and self.steps.runner.modules != self.release.runner_modules:
+            self.steps.uninstall()
+            self.steps = Steps(_runner(self.release.runner_modules))
+        return super().install(sites)
 
     def model_facts(self) -> dict[str, Any]:
         return _model_facts()

@@ -11,14 +11,17 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import torch
 
-from logitreplay.capture import vllm_frames
+from logitreplay.capture import serving, vllm_frames
 from logitreplay.capture.frames import find_frame
 from logitreplay.capture.sites import Call, Site
+from logitreplay.capture.vllm_versions import FUSED_OFF, Release
+from logitreplay.capture.writer import runs
 
 log = logging.getLogger("logitreplay.capture")
 
@@ -26,8 +29,9 @@ OP_NAME = "top_k_per_row_prefill"
 DECODE_OP = "top_k_per_row_decode"
 DECODE_FORWARD = "forward"  # of SparseIndexerTopk
 DEEP_SELECT = "deep_select_topk"
-_DEEP_SELECT_BINDERS = ("vllm.model_executor.kernels.attention.dsa.sparse_mqa_logits",
-                        "vllm.model_executor.kernels.attention.dsa.candidate_blocks")
+FUSED_TOPK = "fused_mqa_topk_prefill"
+FUSED_MODULE = "vllm.model_executor.kernels.attention.dsa.fused_mqa_topk"
+INDEXER_MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
 
 
 def _check_strides(logits: torch.Tensor, stride0: Any, stride1: Any) -> None:
@@ -47,40 +51,75 @@ def _read_prefill(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
     logits, row_starts, row_ends, indices, num_rows, stride0, stride1, top_k = args
     rows, top_k = int(num_rows), int(top_k)
     _check_strides(logits, stride0, stride1)
-    facts = vllm_frames.prefill_call(frame)
+    release, tp_rank = _context()
+    facts = vllm_frames.prefill_call(frame, indices, rows, row_starts, release, tp_rank)
     if facts is None:  # not called by sparse_attn_indexer: only the arguments are known
         return Call(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k], top_k,
                     int(stride0), vllm_frames.calling_layer(frame, None), None, None, {"chunk": {}})
-    ks = facts.key_offsets
+    return _prefill_case(facts, logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k], top_k,
+                         f"indices written by vLLM {OP_NAME}")
+
+
+def _prefill_case(facts: vllm_frames.Prefill, logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+                  reference: torch.Tensor, top_k: int, source: str) -> Call:
+    """A prefill top-k inside `sparse_attn_indexer` as a `Call`: its rows' chunk, key offsets, TP split."""
     attrs: dict[str, Any] = {**facts.layer.attrs(), "logits_kind": "mqa_logits", "chunk": facts.chunk_attrs(),
-                             "reference_source": f"indices written by vLLM {OP_NAME}"}
+                             "reference_source": source}
     if facts.candidate:
         attrs["candidate"] = facts.candidate
-    return Call(logits[:rows], row_starts[:rows], row_ends[:rows], indices[:rows, :top_k], top_k, int(stride0),
-                facts.layer, facts.num_reqs if facts.whole_chunk else None,
-                ks[:rows] if ks is not None and ks.shape[0] >= rows else None, attrs, facts.shard,
-                None if facts.shard is None else (facts.row_start, facts.row_end))
+    extras, finish = None, None
+    if facts.positions is not None:  # ShardQ: rows are this rank's, gathered; record where each sits
+        extras, finish = {"row_positions": facts.positions}, _row_positions
+    window = None if facts.shard is None else (facts.row_start, facts.row_end)
+    return Call(logits, starts, ends, reference, top_k, int(logits.stride(0)), facts.layer,
+                facts.num_reqs if facts.whole_chunk and facts.shard is None else None, facts.key_offsets, attrs,
+                facts.shard, window, extras, finish)
+
+
+def _row_positions(reference: Any, extras: dict[str, Any], starts: Any, ends: Any) -> tuple[Any, dict[str, Any]]:
+    """On the writer thread: the step position of each ShardQ row, as runs of consecutive positions."""
+    return reference, {"row_positions": runs(extras["row_positions"], step=1)}
 
 
 def _read_deep_select(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
                       frame: FrameType | None) -> Call | None:
-    """`deep_select_topk(input, topk, end=None, output_idx=None, indices_dtype=int32) -> indices`."""
-    facts = vllm_frames.selection_call(frame)
-    if facts is None or not args or not isinstance(result, torch.Tensor):
+    """`deep_select_topk(input, topk, end=None, output_idx=None, indices_dtype=int32) -> indices`: in
+    `sparse_attn_indexer`'s prefill loop (0.34: bf16 logits, `end=row_ends`, `output_idx` a slice of the
+    top-k buffer) or in DeepSeek V4.1's candidate paths."""
+    if not args or not isinstance(result, torch.Tensor):
         return None
     logits = args[0]
     top_k = int(args[1] if len(args) > 1 else kwargs["topk"])
     end = args[2] if len(args) > 2 else kwargs.get("end")
     rows, cols = (int(n) for n in logits.shape)
     ends = end if end is not None else torch.full((rows,), cols, dtype=torch.int32, device=logits.device)
-    ks = facts.key_offsets
-    attrs = {**facts.layer.attrs(), "logits_kind": facts.kind, "chunk": facts.chunk, **facts.details,
-             "reference_source": f"indices written by vLLM {DEEP_SELECT} (DeepSelect)"}
-    if facts.kind == "sparse_mqa_logits":
+    source = f"indices written by vLLM {DEEP_SELECT} (DeepSelect)"
+    op = vllm_frames.indexer_op(frame)
+    if op is not None and op.frame is frame:  # called by the indexer op itself: its prefill loop
+        release, tp_rank = _context()
+        facts = vllm_frames.prefill_call(frame, result, rows, None, release, tp_rank)
+        if facts is None:
+            return None
+        return _prefill_case(facts, logits, torch.zeros_like(ends), ends, result[:rows, :top_k], top_k, source)
+    selection = vllm_frames.selection_call(frame)
+    if selection is None:
+        return None
+    ks = selection.key_offsets
+    attrs = {**selection.layer.attrs(), "logits_kind": selection.kind, "chunk": selection.chunk,
+             **selection.details, "reference_source": source}
+    if selection.kind == "sparse_mqa_logits":
         attrs["sparse_logits"] = {"dtype": "bfloat16", "columns": "candidate tokens only: column j * "
                                   "sparse_block_kv + o scores sparse block sparse_indices[row, j]"}
     return Call(logits, torch.zeros_like(ends), ends, result[:rows, :top_k], top_k, int(logits.stride(0)),
-                facts.layer, facts.num_reqs, ks if ks is not None and ks.shape[0] == rows else None, attrs)
+                selection.layer, selection.num_reqs, ks if ks is not None and ks.shape[0] == rows else None, attrs)
+
+
+def _context() -> tuple[Release | None, int]:
+    """The vLLM release and this process's TP rank, as the installed capture knows them."""
+    capture = serving._active
+    release = getattr(capture, "release", None)
+    return (release if isinstance(release, Release) else None,
+            capture._ranks()[0] if capture is not None else 0)
 
 
 def _read_decode(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
@@ -153,15 +192,37 @@ def _deep_select_targets() -> list[Any]:
     except Exception as e:  # an old vLLM, or a platform without it: the prefill site still works
         log.debug("logitreplay capture: no %s: %s", DEEP_SELECT, e)
         defining = []
-    return defining + [sys.modules[m] for m in _DEEP_SELECT_BINDERS if m in sys.modules]
+    return defining + _binders(lambda r: r.deep_select_binders)
+
+
+def _fused_targets() -> list[Any]:
+    """`fused_mqa_topk_prefill` where it is defined and in `sparse_attn_indexer`, which binds it by name."""
+    release, _ = _context()
+    if release is None or release.fused_topk is None:
+        return []
+    try:
+        defining = [importlib.import_module(FUSED_MODULE)]
+    except Exception as e:
+        log.debug("logitreplay capture: no %s: %s", FUSED_TOPK, e)
+        defining = []
+    return defining + [sys.modules[m] for m in (INDEXER_MODULE,) if m in sys.modules]
+
+
+def _binders(names: Callable[[Release], tuple[str, ...]]) -> list[Any]:
+    release, _ = _context()
+    return [] if release is None else [sys.modules[m] for m in names(release) if m in sys.modules]
 
 
 SITES: tuple[Site, ...] = (
     Site(OP_NAME, _prefill_targets, _read_prefill, f"input of vLLM {OP_NAME}"),
-    Site(DEEP_SELECT, _deep_select_targets, _read_deep_select, f"input of vLLM {DEEP_SELECT}"),
-    Site(DECODE_FORWARD, _decode_targets, _read_decode, "input of vLLM SparseIndexerTopk.forward (decode)"),
-    Site(DECODE_OP, _prefill_targets, _read_decode_op, f"input of vLLM {DECODE_OP} (decode)"),
+    Site(DEEP_SELECT, _deep_select_targets, _read_deep_select, f"input of vLLM {DEEP_SELECT}", "deepselect"),
+    Site(DECODE_FORWARD, _decode_targets, _read_decode, "input of vLLM SparseIndexerTopk.forward (decode)",
+         "decode"),
+    Site(DECODE_OP, _prefill_targets, _read_decode_op, f"input of vLLM {DECODE_OP} (decode)", "decode"),
+    Site(FUSED_TOPK, _fused_targets, lambda *_: None, f"vLLM {FUSED_TOPK}", "fused",
+         uncapturable=f"{FUSED_TOPK} scores and selects in one kernel and builds no logits; set {FUSED_OFF} "
+                      "in the server's environment for a capture run (prefill then takes the logits path)"),
 )
 
 
-__all__ = ["DECODE_FORWARD", "DECODE_OP", "DEEP_SELECT", "OP_NAME", "SITES"]
+__all__ = ["DECODE_FORWARD", "DECODE_OP", "DEEP_SELECT", "FUSED_TOPK", "OP_NAME", "SITES"]

@@ -1,0 +1,2 @@
+"""Fakes of the serving engines' edges, written from the facts of their names, signatures and semantics;
+the tests run the engines' released modules between them (tests/upstream_wheels.py fetches those)."""

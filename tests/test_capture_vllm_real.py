@@ -1,0 +1,197 @@
+"""The vLLM plugin inside the released vLLM 0.33.0 and 0.34.0 indexer code (tests/upstream_wheels.py),
+on CPU, with fakes only at the kernel boundary (tests/engine_fakes/vllm): every captured case is checked
+against the logits and bounds recomputed from the step's inputs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from logitreplay.archive.case import Case
+from logitreplay.archive.store import Archive
+from logitreplay.capture import serving
+from logitreplay.capture.policy import Policy
+from logitreplay.capture.vllm_plugin import VllmCapture
+from logitreplay.capture.vllm_versions import release
+from tests.engine_fakes.vllm import loader, prefill
+from tests.engine_fakes.vllm.edges import Edges, fakes
+from tests.engine_fakes.vllm.prefill import Request
+
+TWO = [Request(20, 12), Request(0, 9)]  # request A: 20 tokens cached, 12 new; B: 9 new
+
+
+@pytest.fixture(params=["vllm_0330_tree", "vllm_0340_tree"], ids=["0.33.0", "0.34.0"])
+def tree(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(request.param)
+
+
+@contextmanager
+def plugin(tree: Path, tmp_path: Path, edges: Edges, policy: str = "every") -> Iterator[VllmCapture]:
+    """The released vLLM of `tree` loaded with `edges`, and the plugin installed as `register` does."""
+    with loader.load(tree, fakes(edges)) as vllm:
+        capture = VllmCapture(tmp_path / "cap.zarr", Policy.parse(policy))
+        capture.release = release(vllm.__version__)
+        assert capture.release is not None
+        capture.install()
+        try:
+            yield capture
+        finally:
+            capture.uninstall()
+            serving._active = None
+
+
+def cases(path: Path) -> list[Case]:
+    archive = Archive.open(path)
+    return sorted((archive.read(c) for c in archive.case_ids()), key=lambda c: c.attrs["chunk"]["token_start"]
+                  * 10**6 + c.attrs["chunk"].get("row_start", 0))
+
+
+def summary(path: Path) -> dict[str, Any]:
+    (found,) = path.glob("capture-summary-*.json")
+    return dict(json.loads(found.read_text()))
+
+
+def check(case: Case, step: prefill.Step, tokens: list[int]) -> None:
+    """The case's rows are the recomputed logits of `tokens` (step tokens), within their bounds; its
+    reference indices are the top-k of those logits."""
+    assert case.rows == len(tokens)
+    assert case.row_starts.tolist() == [0] * case.rows
+    assert case.row_ends.tolist() == [step.owner[t][1] + 1 for t in tokens]
+    for r, t in enumerate(tokens):
+        want = prefill.expected(step, t)
+        got = case.row(r).float()
+        torch.testing.assert_close(got, want.to(case.row(r).dtype).float(), rtol=1e-2 if case.dtype == "bfloat16" else 1e-5,
+                                   atol=1e-2 if case.dtype == "bfloat16" else 1e-5)
+        picked = {int(i) for i in case.reference_indices[r] if i >= 0}
+        assert len(picked) == min(prefill.TOP_K, len(want))
+
+
+def test_prefill_chunks_are_captured_with_their_requests_and_bounds(tree: Path, tmp_path: Path) -> None:
+    step = prefill.make_step(TWO)
+    with plugin(tree, tmp_path, Edges()) as capture:
+        first = prefill.chunk(step, list(range(12)), 0)
+        second = prefill.chunk(step, list(range(12, 21)), 12)
+        prefill.run(step, prefill.metadata(step, [first, second]))
+        capture.close()
+    a, b = cases(tmp_path / "cap.zarr")
+    check(a, step, list(range(12)))
+    check(b, step, list(range(12, 21)))
+    assert (a.attrs["chunk"]["token_start"], a.attrs["chunk"]["token_end"]) == (0, 12)
+    assert a.attrs["chunk"]["requests"] == 1 and "row_start" not in a.attrs["chunk"]
+    assert a.attrs["layer_name"] == prefill.PREFIX.format(0) and a.attrs["logits_kind"] == "mqa_logits"
+    assert a.attrs["chunk"]["layout"] == "compressed" and a.attrs["tensor_parallel"]["row_sharded"] is False
+    assert summary(tmp_path / "cap.zarr")["calls_by_path"]["prefill"]["captured"] == 2
+
+
+def test_two_requests_in_one_chunk_keep_their_key_offsets(tree: Path, tmp_path: Path) -> None:
+    step = prefill.make_step(TWO, seed=1)
+    with plugin(tree, tmp_path, Edges()) as capture:
+        prefill.run(step, prefill.metadata(step, [prefill.chunk(step, list(range(21)), 0)]))
+        capture.close()
+    (case,) = cases(tmp_path / "cap.zarr")
+    check(case, step, list(range(21)))
+    assert case.attrs["chunk"]["requests"] == 2
+    assert case.attrs["chunk"]["row_key_offsets"] == [[0, 12, 0], [12, 21, 32]]
+
+
+def test_row_shard_windows_of_033_hold_each_ranks_rows(vllm_0330_tree: Path, tmp_path: Path) -> None:
+    """vLLM 0.33: with `row_shard_sizes`, rank 1 of 2 scores rows [11, 21) of the step; with ranks=auto it
+    captures them, as a window of the chunk."""
+    step = prefill.make_step(TWO, seed=2)
+    edges = Edges(tp_rank=1, tp_size=2)
+    with plugin(vllm_0330_tree, tmp_path, edges) as capture:
+        meta = prefill.metadata(step, [prefill.chunk(step, list(range(21)), 0)], row_shard_sizes=[11, 10])
+        prefill.run(step, meta)
+        capture.close()
+    (case,) = cases(tmp_path / "cap.zarr")
+    check(case, step, list(range(11, 21)))
+    assert case.attrs["chunk"]["row_start"] == 11 and case.attrs["chunk"]["row_end"] == 21
+    assert case.attrs["tensor_parallel"]["row_sharded"] is True
+    assert case.attrs["tensor_parallel"]["shard_rows"] == [11, 21]
+    assert case.attrs["row_window"] == {"tp_rank": 1, "start": 11, "end": 21}
+
+
+def test_shardq_rows_of_034_keep_their_step_positions(vllm_0340_tree: Path, tmp_path: Path) -> None:
+    """vLLM 0.34's ShardQ: rank 1 scores a zigzag slice of the step's rows, gathered compactly
+    (`shardq_gather_indices`); each case says where its rows sit in the step."""
+    step = prefill.make_step(TWO, seed=3)
+    mine = [3, 4, 5, 14, 15, 16, 17]
+    edges = Edges(tp_rank=1, tp_size=2)
+    with plugin(vllm_0340_tree, tmp_path, edges) as capture:
+        meta = prefill.metadata(step, [prefill.chunk(step, mine, 0)],
+                                shardq_gather_indices=torch.tensor(mine, dtype=torch.int64))
+        prefill.run(step, meta)
+        capture.close()
+    (case,) = cases(tmp_path / "cap.zarr")
+    check(case, step, mine)
+    assert case.attrs["row_positions"] == [[0, 3, 3], [3, 7, 14]]
+    assert case.attrs["tensor_parallel"] == {"tp_rank": 1, "tp_size": 2, "row_sharded": True,
+                                             "row_sharding": "shardq"}
+    assert case.attrs["chunk"]["requests"] == 2
+
+
+def test_deepselect_prefill_of_034_is_captured_as_bf16(vllm_0340_tree: Path, tmp_path: Path) -> None:
+    step = prefill.make_step(TWO, seed=4)
+    with plugin(vllm_0340_tree, tmp_path, Edges()) as capture:
+        prefill.run(step, prefill.metadata(step, [prefill.chunk(step, list(range(21)), 0)]),
+                    topk_backend="deep_select", logits_dtype=torch.bfloat16)
+        capture.close()
+    (case,) = cases(tmp_path / "cap.zarr")
+    assert case.dtype == "bfloat16"
+    check(case, step, list(range(21)))
+    assert "DeepSelect" in case.attrs["reference_source"]
+    paths = summary(tmp_path / "cap.zarr")["calls_by_path"]
+    assert paths["deepselect"]["captured"] == 1 and "prefill" not in paths
+
+
+def test_fused_topk_of_034_is_counted_as_not_capturable(vllm_0340_tree: Path, tmp_path: Path) -> None:
+    step = prefill.make_step(TWO, seed=5)
+    with plugin(vllm_0340_tree, tmp_path, Edges(fused=True)) as capture:
+        buffer = prefill.run(step, prefill.metadata(step, [prefill.chunk(step, list(range(21)), 0)]))
+        capture.close()
+    assert (buffer >= 0).any()  # the fused kernel selected
+    fused = summary(tmp_path / "cap.zarr")["calls_by_path"]["fused"]
+    assert fused["not_capturable"] == 1 and "VLLM_USE_FUSED_MQA_TOPK=0" in fused["why_not_capturable"]
+    assert not list(Archive.open(tmp_path / "cap.zarr").case_ids())
+
+
+def test_dense_sub_windows_of_034_have_their_own_rows_and_requests(vllm_0340_tree: Path, tmp_path: Path) -> None:
+    """A chunk planned for the fused kernel that takes the dense path runs in sub-windows of
+    `dense_logits_rows` rows (here 1 MiB / (4 * 65536) = 4): each case is its window's."""
+    step = prefill.make_step(TWO, seed=6)
+    with plugin(vllm_0340_tree, tmp_path, Edges(fused=True, fused_chunks=False, logits_mb=1)) as capture:
+        planned = prefill.chunk(step, list(range(21)), 0, max_seqlen_k=1 << 16)
+        prefill.run(step, prefill.metadata(step, [planned]))
+        capture.close()
+    found = cases(tmp_path / "cap.zarr")
+    assert [(c.attrs["chunk"]["row_start"], c.attrs["chunk"]["row_end"]) for c in found] == [
+        (0, 4), (4, 8), (8, 12), (12, 16), (16, 20), (20, 21)]
+    for c in found:
+        rows = list(range(c.attrs["chunk"]["row_start"], c.attrs["chunk"]["row_end"]))
+        check(c, step, rows)
+        assert c.attrs["chunk"]["requests"] == len({step.owner[t][0] for t in rows})
+        assert (c.attrs["chunk"]["token_start"], c.attrs["chunk"]["token_end"]) == (0, 21)
+
+
+def test_an_unknown_release_captures_nothing_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    import types
+
+    from logitreplay.capture import vllm_plugin
+
+    monkeypatch.setitem(__import__("sys").modules, "vllm", types.SimpleNamespace(__version__="0.35.0"))
+    monkeypatch.setenv(serving.ENV_DIR, str(tmp_path / "cap.zarr"))
+    vllm_plugin.register()
+    try:
+        assert "vLLM 0.35.0 is not a release the logitreplay capture plugin knows" in caplog.text
+        assert isinstance(serving._active, VllmCapture) and not serving._active._patched
+        serving._active.close()
+    finally:
+        serving._active = None
+    assert "0.35.0" in summary(tmp_path / "cap.zarr")["engine_unsupported"]
