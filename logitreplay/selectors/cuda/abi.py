@@ -70,7 +70,12 @@ def describe(rc: int) -> str:
 def entry_points(family: str, arch: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Callable[..., int]]:
     """The family's entry points by suffix, typed from `ENTRY_POINTS` (the library built with `extra` flags
     and loaded if needed)."""
-    lib = build.load(family, arch, extra)
+    return bind(build.load(family, arch, extra), family)
+
+
+def bind(lib: ctypes.CDLL, family: str) -> dict[str, Callable[..., int]]:
+    """The family's entry points in a loaded library (a bundled build, or one a benchmark built from
+    another revision), by suffix, typed from `ENTRY_POINTS`."""
     fns: dict[str, Callable[..., int]] = {}
     for entry, sig in ENTRY_POINTS.items():
         try:
