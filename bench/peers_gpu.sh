@@ -48,6 +48,13 @@ if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unp
 . /tmp/peers/env.sh
 # cuDNN's indexer top-k, where the runs just before unpacked bench/stage_cudnn.sh's parts into /tmp/cudnn
 if [ -f /tmp/cudnn/env.sh ]; then . /tmp/cudnn/env.sh; else echo "cudnn: not unpacked in /tmp/cudnn (bench/stage_cudnn.sh)"; fi
+# upstream DeepSelect (deepselect-upstream), prebuilt for sm_90a, where the tree carries shared/gpu/deepselect
+# as .deepselect (its README)
+ds_tar=$(find .deepselect/prebuilt -name 'deep_select-*-sm90a.tar.xz' 2> /dev/null | head -1)
+if [ -n "$ds_tar" ]; then
+  mkdir -p /tmp/dsdest && tar -xJf "$ds_tar" -C /tmp/dsdest &&
+    export PYTHONPATH=$PYTHONPATH:/tmp/dsdest || echo "deepselect: .deepselect/prebuilt did not unpack"
+else echo "deepselect: no .deepselect/prebuilt (shared/gpu/deepselect's README)"; fi
 export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD
 if [ "${TESTS:-1}" != 0 ]; then tests peers tests/gpu/test_gpu_peers.py; fi
 [ "${SUITES:-}" = none ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit "$failed"; }
