@@ -118,8 +118,9 @@ def source(root: Path, rel: str, env: dict[str, Any] | None = None) -> str:
 
 SELECTORS = "logitreplay/selectors"  # the tree's bundled kernels and CPU models, whose digests are current
 # Results no bundled kernel or CPU model made (codec speeds, the capture's overhead, copy bandwidth, test
-# tallies): their tables carry no kernel mark.
-KERNEL_FREE = re.compile(r"(codecs\.txt|capture_overhead\.json|copy\.json|\.xml)$")
+# tallies), or made from named revisions of a kernel, each column naming its commit (ptxas's resources
+# per revision): their tables carry no kernel mark.
+KERNEL_FREE = re.compile(r"(codecs\.txt|capture_overhead\.json|copy\.json|\.xml|deepselect-resources\.json)$")
 OLDER = "**Measured on an older kernel"
 
 
@@ -379,6 +380,24 @@ def deepselect_sweep(root: Path) -> str:
                        for v, defs in d["variants"].items())
     return "\n".join([table(["case (fp32 / bf16)", *names, "native"], rows), "", f"Builds: {builds}.", "",
                       source(root, rel, d["environment"])])
+
+
+@claim("deepselect-resources")
+def deepselect_resources(root: Path) -> str:
+    """bench/deepselect_ab.py resources: ptxas's registers and spills per kernel class and revision."""
+    rel = "cpu-2026-12-05/deepselect-resources.json"
+    d = load(root, rel)
+    names = list(d["variants"])
+    head = [f"{n} ({d['variants'][n]['source']['commit']})" for n in names]
+
+    def cell(k: dict[str, int] | None) -> str:
+        return "-" if k is None else f"{k['registers']} / {k['stack']} / {k['spill_stores']} / {k['spill_loads']}"
+
+    rows = [[label, *(cell(d["variants"][n]["kernels"].get(label)) for n in names)]
+            for label in d["variants"][names[0]]["kernels"]]
+    return "\n".join([table(["kernel class", *head], rows), "",
+                      f"Registers per thread / stack frame / spill stores / spill loads (bytes), as ptxas reports "
+                      f"them for nvcc {d['nvcc']}, {d['arch']}, the bundled build's flags.", "", source(root, rel)])
 
 
 @claim("deepselect-decode")
