@@ -48,7 +48,7 @@ def plugin(tree: Path, tmp_path: Path, edges: Edges, policy: str = "every") -> I
 
 def cases(path: Path) -> list[Case]:
     archive = Archive.open(path)
-    return sorted((archive.read(c) for c in archive.case_ids()), key=lambda c: c.attrs["chunk"]["token_start"]
+    return sorted((archive.read(c) for c in archive.case_ids()), key=lambda c: c.attrs["chunk"].get("token_start", 0)
                   * 10**6 + c.attrs["chunk"].get("row_start", 0))
 
 
@@ -179,6 +179,25 @@ def test_dense_sub_windows_of_034_have_their_own_rows_and_requests(vllm_0340_tre
         assert (c.attrs["chunk"]["token_start"], c.attrs["chunk"]["token_end"]) == (0, 21)
 
 
+@pytest.mark.parametrize(("next_n", "per_row"), [(1, False), (2, True)], ids=["decode", "mtp"])
+def test_decode_rows_are_captured_as_decode_cases(tree: Path, tmp_path: Path, next_n: int, per_row: bool) -> None:
+    """The decode branch's `SparseIndexerTopk.forward` (released, resolving its backend on a CPU platform
+    to per_row): one decode case of the batch's rows, each row's bounds by the context-length rule."""
+    requests = [Request(30, next_n), Request(13, next_n), Request(21, next_n)]
+    step = prefill.make_step(requests, seed=7)
+    with plugin(tree, tmp_path, Edges()) as capture:
+        buffer = prefill.run(step, prefill.decode_metadata(step, next_n, per_row))
+        capture.close()
+    (case,) = cases(tmp_path / "cap.zarr")
+    check(case, step, list(range(len(requests) * next_n)))
+    assert (case.reference_indices == buffer.numpy()).all()
+    decode = case.attrs["decode"]
+    assert case.attrs["kind"] == "decode" and case.attrs["chunk"]["requests"] == len(requests)
+    assert (decode["next_n"], decode["backend"], decode["speculative"]) == (next_n, "per_row", next_n > 1)
+    assert decode["max_model_len"] == case.cols == 4096
+    assert summary(tmp_path / "cap.zarr")["calls_by_path"]["decode"]["captured"] == 1
+
+
 def test_an_unknown_release_captures_nothing_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     import types
@@ -195,3 +214,73 @@ def test_an_unknown_release_captures_nothing_and_says_so(tmp_path: Path, monkeyp
     finally:
         serving._active = None
     assert "0.35.0" in summary(tmp_path / "cap.zarr")["engine_unsupported"]
+
+
+SHARDS = {0: [0, 1, 2, 18, 19, 20, 9, 10, 11], 1: [3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 16, 17]}
+
+
+def _rank(tree: str, out: str, rank: int, port: int, scheme: str) -> None:
+    """One TP rank of a two-rank step over gloo: the released indexer on this rank's rows, the plugin
+    with ranks=auto."""
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        step = prefill.make_step(TWO, seed=8)
+        with plugin(Path(tree), Path(out), Edges(tp_rank=rank, tp_size=2)) as capture:
+            if scheme == "shardq":
+                mine = sorted(SHARDS[rank])
+                meta = prefill.metadata(step, [prefill.chunk(step, mine, 0)],
+                                        shardq_gather_indices=torch.tensor(mine, dtype=torch.int64))
+            elif scheme == "row_shard":
+                meta = prefill.metadata(step, [prefill.chunk(step, list(range(21)), 0)], row_shard_sizes=[11, 10])
+            else:
+                meta = prefill.metadata(step, [prefill.chunk(step, list(range(21)), 0)])
+            buffer = prefill.run(step, meta)
+            capture.close()
+        torch.save(buffer, Path(out) / f"buffer-{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("pin", "scheme"), [("vllm_0330_tree", "row_shard"), ("vllm_0340_tree", "shardq"),
+                                             ("vllm_0340_tree", "replicated")])
+def test_two_tp_ranks_over_gloo_capture_every_row_once(pin: str, scheme: str, tmp_path: Path,
+                                                       request: pytest.FixtureRequest) -> None:
+    """TP 2 in two processes over gloo: sharded rows are captured on both ranks, each case its rank's rows
+    with their step positions, together every row of the chunk once; replicated rows on rank 0 alone."""
+    import multiprocessing
+    import socket
+
+    tree = request.getfixturevalue(pin)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=_rank, args=(str(tree), str(tmp_path), r, port, scheme)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    step = prefill.make_step(TWO, seed=8)
+    found = cases(tmp_path / "cap.zarr")
+    if scheme == "replicated":
+        (case,) = found
+        assert case.attrs["tensor_parallel"]["tp_rank"] == 0 and not case.attrs["tensor_parallel"]["row_sharded"]
+        check(case, step, list(range(21)))
+        return
+    seen: list[int] = []
+    for case in found:
+        tp = case.attrs["tensor_parallel"]
+        assert tp["row_sharded"] and tp["tp_size"] == 2
+        if scheme == "shardq":
+            rows = [p for first, end, start in case.attrs["row_positions"] for p in range(start, start + end - first)]
+            assert rows == sorted(SHARDS[tp["tp_rank"]])
+        else:
+            rows = list(range(case.attrs["row_window"]["start"], case.attrs["row_window"]["end"]))
+        check(case, step, rows)
+        seen += rows
+    assert sorted(seen) == list(range(21))
+    if scheme == "row_shard":  # the ranks' indices were exchanged: both buffers hold every row's
+        both = [torch.load(tmp_path / f"buffer-{r}.pt") for r in (0, 1)]
+        assert torch.equal(both[0], both[1]) and (both[0] >= -1).all()

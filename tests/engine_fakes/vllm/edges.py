@@ -65,6 +65,33 @@ def mqa_logits(qs: tuple[torch.Tensor, Any], ks_: tuple[torch.Tensor, torch.Tens
     return out
 
 
+def decode_ends(seq_lens: torch.Tensor, next_n: int) -> list[int]:
+    """Each decode row's context length: (B, next_n) per-row lengths as given, or (B, 1) lengths L whose
+    row j of next_n sees L - next_n + 1 + j keys."""
+    if seq_lens.numel() == seq_lens.shape[0] * next_n:
+        return [int(v) for v in seq_lens.reshape(-1)]
+    return [max(0, int(length) - next_n + 1 + j) for length in seq_lens.reshape(-1) for j in range(next_n)]
+
+
+def paged_logits(qs: tuple[torch.Tensor, Any], kv_cache: torch.Tensor, weights: torch.Tensor,
+                 seq_lens: torch.Tensor, block_table: torch.Tensor, schedule: Any, max_model_len: int,
+                 logits_dtype: torch.dtype = torch.float32, **_: Any) -> torch.Tensor:
+    """`fp8_fp4_paged_mqa_logits`: (batch * next_n, max_model_len) logits of the decode rows against their
+    request's keys in the paged cache (`kv_cache`: the (blocks, block, 1, width) view), from column 0,
+    garbage past each row's length."""
+    q = qs[0]
+    batch, next_n = q.shape[:2]
+    block = kv_cache.shape[1]
+    out = torch.full((batch * next_n, _stride(max_model_len, logits_dtype)), GARBAGE,
+                     dtype=logits_dtype)[:, :max_model_len]
+    for r, end in enumerate(decode_ends(seq_lens, next_n)):
+        b = r // next_n
+        slots = torch.stack([kv_cache[int(block_table[b, t // block]), t % block, 0] for t in range(end)])
+        out[r, :end] = score(q[b, r % next_n][None], slots[:, :HEAD_DIM], slots[:, HEAD_DIM],
+                             weights[r:r + 1])[0].to(logits_dtype)
+    return out
+
+
 def gather_keys(kv_cache: torch.Tensor, k_quant: torch.Tensor, k_scale: torch.Tensor, block_table: torch.Tensor,
                 cu_seq_lens: torch.Tensor) -> None:
     """`cp_gather_indexer_k_quant_cache`: request b's keys, block by block of its row of the block table,
@@ -96,9 +123,9 @@ def top_k_per_row_prefill(logits: torch.Tensor, row_starts: torch.Tensor, row_en
 
 def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seq_lens: torch.Tensor, indices: torch.Tensor,
                          num_rows: int, stride0: int, stride1: int, k: int) -> None:
-    ends = seq_lens.reshape(-1)
-    for i in range(num_rows):
-        indices[i, :k] = _select(logits[i, :int(ends[i])], k)
+    """The decode top-k op: row i's top k of its first `decode_ends` columns."""
+    for i, end in enumerate(decode_ends(seq_lens, next_n)[:num_rows]):
+        indices[i, :k] = _select(logits[i, :end], k)
 
 
 def deep_select(input: torch.Tensor, k: int, begin: Any, end: torch.Tensor | None, sorted_value: bool,
@@ -229,7 +256,8 @@ def fakes(edges: Edges) -> dict[str, Callable[[str], types.ModuleType]]:
             "cp_gather_indexer_k_quant_cache": gather_keys}),
         "vllm._deepselect_C": deepselect_c,
         "vllm.utils.deep_gemm": lambda n: _module(n, {
-            "fp8_fp4_mqa_logits": mqa_logits, "has_deep_gemm": lambda: True,
+            "fp8_fp4_mqa_logits": mqa_logits, "fp8_fp4_paged_mqa_logits": paged_logits,
+            "has_deep_gemm": lambda: True,
             "mqa_logits_use_mx_scales": lambda: False,
             "mqa_logits_mx_inputs": lambda q, q_scale, weights, dtype=None: (q_scale, weights)}, inert=True),
         "vllm.model_executor.kernels.attention.dsa.fused_mqa_topk": lambda n: _module(n, {

@@ -100,6 +100,22 @@ def metadata(step: Step, chunks: list[Any], **prefill: Any) -> Any:
         prefill=_build(backend.DeepseekV32IndexerPrefillMetadata, chunks=chunks, **prefill))
 
 
+def decode_metadata(step: Step, next_n: int, per_row: bool) -> Any:
+    """A decode step of every request, `next_n` rows each (their last `next_n` tokens: query=next_n),
+    seq_lens (B, next_n) per row or (B, 1)."""
+    backend = __import__(BACKEND, fromlist=["x"])
+    lengths = torch.tensor([r.seq_len for r in step.requests], dtype=torch.int32)
+    offsets = torch.arange(next_n, dtype=torch.int32)
+    seq_lens = (lengths[:, None] - next_n + 1 + offsets) if per_row else lengths[:, None]
+    batch = len(step.requests)
+    decode = _build(backend.DeepSeekV32IndexerDecodeMetadata, block_table=step.block_table, seq_lens=seq_lens,
+                    decode_lens=torch.full((batch,), next_n, dtype=torch.int32), requires_padding=False,
+                    schedule_metadata=torch.zeros(1, dtype=torch.int32))
+    return backend.DeepseekV32IndexerMetadata(
+        seq_lens=lengths, max_seq_len=int(lengths.max()), slot_mapping=torch.zeros(batch * next_n, dtype=torch.int64),
+        num_decodes=batch, num_decode_tokens=batch * next_n, num_prefills=0, num_prefill_tokens=0, decode=decode)
+
+
 def run(step: Step, meta: Any, layer: int = 0, **options: Any) -> torch.Tensor:
     """The released op on this step's rows, under a forward context holding `meta`; its top-k buffer."""
     indexer = __import__(INDEXER, fromlist=["x"])
