@@ -37,6 +37,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))  # the bench scripts whose tables these are (fidelity, reliability, ...)
 
 import fidelity  # noqa: E402
+import heldout  # noqa: E402
 import peers  # noqa: E402
 import reliability  # noqa: E402
 import replay_controls  # noqa: E402
@@ -453,6 +454,21 @@ for _suite in ("stress", "indexer", "indexer-decode"):
     claim(f"target-auto-{_suite}")(functools.partial(
         target_table, rel=f"{AUTO_RUNS}/auto-{_suite}.json", score=targets.auto_vs_fastest,
         head=["case", "auto chose", "decided by", "fastest", "auto / fastest"]))
+
+
+@claim("auto-heldout")
+def auto_heldout(root: Path) -> str:
+    """bench/RESULTS.md: `auto` on decisions.HELD_OUT's cases by the rule refitted without them
+    (bench/heldout.py), labelled, unlabeled, and as a label-reading dispatch saw an unlabeled case."""
+    rel = f"{heldout.FOLDER}/rule.json"
+    cases = sum(len(v) for v in heldout.decisions.HELD_OUT.values())
+    return "\n".join([
+        f"Held out: {cases} cases of seven suites (`decisions.HELD_OUT`), scored on the committed H200 timings "
+        "(2026-12-03 for stress, indexer and indexer-decode; 2026-12-02 and the 2026-12-01 second runs for "
+        "seed-controls and decode): nothing here was replayed.", "",
+        *heldout.table(root / RESULTS), "",
+        f"Within 3%: chosen / fastest of the rule's kernels timed in that run <= {heldout.NEAR_BEST}.",
+        source(root, rel)])
 
 
 # A split sweep table: columns (header, file, run or None, variant); `ref` is the best vLLM decode kernel of

@@ -1,0 +1,119 @@
+"""`auto` out of sample: the rule refitted without decisions.HELD_OUT's cases (`decisions.py --hold-out --fit`),
+scored on those cases in the reports it was fitted from and in a second committed run of the same suites,
+each case three ways:
+
+- **labelled**: the case's kind as the report recorded it (a decode suite's cases carry `kind: decode`);
+- **unlabeled**: the label stripped, the kind read off the case's bounds (archive/shape.py), as `auto`
+  dispatches a case made by `Case.from_matrix`, a safetensors import or an unlabeling tool;
+- **unlabeled, label only**: the label stripped and nothing inferred, every case a prefill chunk: what
+  `auto` did with such a case before it read the bounds.
+
+A case's score is the chosen kernel's median over the fastest of the rule's kernels timed on it in that run
+(the reports' own timings; nothing is replayed). bench/claims.py renders `table` into bench/RESULTS.md.
+
+    python bench/heldout.py        # print the tables
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import decisions
+
+from logitreplay.archive.shape import infer
+from logitreplay.datasets import synth
+from logitreplay.replay.recommend import NEAR_BEST, ratio_to_best
+from logitreplay.replay.results import CaseResult, ReplayResult
+from logitreplay.selectors.auto import DispatchRule
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FOLDER = "h200-2026-12-03/rebet/auto-heldout"  # the refitted rule.json, its fit.md and the features cache
+# suite -> the report the rule was fitted from, and a second committed run of the suite (None: none)
+RUNS: dict[str, tuple[str, str | None]] = {
+    "seed-controls": ("h200-2026-12-02/seed-controls.json", "h200-2026-12-02/peers-seed-controls.json"),
+    "seed-controls-bf16": ("h200-2026-12-02/decisions/fit-seed-controls-bf16.json",
+                           "h200-2026-12-02/peers-seed-controls-bf16.json"),
+    "stress": ("h200-2026-12-03/rebet/peers-stress.json", "h200-2026-12-03/rebet/auto-stress.json"),
+    "indexer": ("h200-2026-12-03/rebet/peers-indexer.json", "h200-2026-12-03/rebet/auto-indexer.json"),
+    "indexer-decode": ("h200-2026-12-03/rebet/peers-indexer-decode.json",
+                       "h200-2026-12-03/rebet/auto-indexer-decode.json"),
+    "decode": ("h200-2026-12-02/peers-decode.json", "h200-2026-12-01/decode.json"),
+    "decode-bf16": ("h200-2026-12-02/peers-decode-bf16.json", "h200-2026-12-01/decode-bf16.json"),
+}
+MODES = ("labelled", "unlabeled", "unlabeled, label only")
+
+
+@dataclass
+class Scored:
+    """One held-out case of one run: per mode, the kernel chosen and chosen / fastest."""
+
+    suite: str
+    run: str
+    case_id: str
+    kind: str
+    chosen: dict[str, str]
+    ratio: dict[str, float]
+
+
+def kinds(case: CaseResult, recipe: synth.Recipe) -> dict[str, str]:
+    """The kind `auto` dispatches the case as, per mode."""
+    starts, ends = synth.bounds(recipe)
+    return {"labelled": case.kind, "unlabeled": infer(starts, ends, case.cols, case.top_k).kind,
+            "unlabeled, label only": "prefill"}
+
+
+def score(root: Path = RESULTS) -> list[Scored]:
+    """Every held-out case of every run, scored under the refitted rule in each mode."""
+    rule = DispatchRule.load(root / FOLDER / "rule.json")
+    cache = json.loads((root / FOLDER / "features.json").read_text())
+    out = []
+    for suite, runs in RUNS.items():
+        recipes = {r.case_id: r for r in synth.recipes(suite, "full")}
+        for rel in runs:
+            if rel is None:
+                continue
+            report = ReplayResult.from_json(json.loads((root / rel).read_text()))
+            for case in report.cases:
+                among = [n for n in rule.selectors if case.timed(n)]
+                if case.case_id not in decisions.HELD_OUT[suite] or case.invalid or not among:
+                    continue
+                seen = cache[f"suite {suite} (full)/{case.case_id}"]
+                chosen = {mode: rule.choose(case.dtype, kind, case.rows, case.cols, seen)[0]
+                          for mode, kind in kinds(case, recipes[case.case_id]).items()}
+                out.append(Scored(suite, rel, case.case_id, case.kind, chosen,
+                                  {m: ratio_to_best(case, c, among) for m, c in chosen.items()}))
+    return out
+
+
+def _cell(rows: list[Scored], mode: str) -> str:
+    ratios = [r.ratio[mode] for r in rows]
+    worst = max(rows, key=lambda r: r.ratio[mode])
+    return f"{sum(x <= NEAR_BEST for x in ratios)}/{len(ratios)}, worst {max(ratios):.2f}x" + (
+        f" ({worst.case_id})" if max(ratios) > NEAR_BEST else "")
+
+
+def table(root: Path = RESULTS) -> list[str]:
+    """The markdown: per suite and run, cases within 3% and the worst ratio in each mode; then every
+    case a mode sends more than 3% from its fastest."""
+    scored = score(root)
+    groups: dict[tuple[str, str], list[Scored]] = {}
+    for s in scored:
+        groups.setdefault((s.suite, s.run), []).append(s)
+    lines = ["| suite | run | " + " | ".join(f"{m}: within 3%, worst" for m in MODES) + " |",
+             "|---|---|" + "---|" * len(MODES)]
+    for (suite, run), rows in groups.items():
+        which = "fitted" if run == RUNS[suite][0] else "second"
+        lines.append(f"| {suite} | {which}: `{run}` | " + " | ".join(_cell(rows, m) for m in MODES) + " |")
+    lines.append("| all | both | " + " | ".join(_cell(scored, m) for m in MODES) + " |")
+    misses = [s for s in scored if max(s.ratio.values()) > NEAR_BEST]
+    lines += ["", "| case | run | kind | " + " | ".join(f"{m}: chose, ratio" for m in MODES) + " |",
+              "|---|---|---|" + "---|" * len(MODES)]
+    lines += [f"| {s.case_id} | `{s.run}` | {s.kind} | "
+              + " | ".join(f"{s.chosen[m]}, {s.ratio[m]:.2f}x" for m in MODES) + " |" for s in misses]
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(table()))

@@ -1,0 +1,49 @@
+"""bench/decisions.py's held-out split and bench/heldout.py's out-of-sample score of `auto`: the split names
+real cases of each suite and stays out of the fit, and on the committed reports every unlabeled twin is
+dispatched as its labelled case is."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from logitreplay.datasets import synth
+from logitreplay.replay.results import read_json
+from logitreplay.selectors.auto import DispatchRule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench() -> tuple[ModuleType, ModuleType]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import decisions
+    import heldout
+
+    return decisions, heldout
+
+
+def test_the_held_out_cases_are_cases_of_their_suites_and_out_of_the_fit(bench: tuple[ModuleType, ModuleType]) -> None:
+    decisions, heldout = bench
+    assert set(decisions.HELD_OUT) == set(heldout.RUNS)
+    for suite, ids in decisions.HELD_OUT.items():
+        assert set(ids) <= {r.case_id for r in synth.recipes(suite, "full")}, suite
+    report = read_json(ROOT / "bench/results" / heldout.RUNS["indexer"][0])
+    fitted, held = decisions.keep(report, held=False), decisions.keep(report, held=True)
+    assert {c.case_id for c in held.cases} == set(decisions.HELD_OUT["indexer"])
+    assert not {c.case_id for c in fitted.cases} & decisions.held_out_ids()
+    assert len(fitted.cases) + len(held.cases) == len(report.cases)
+    rule = DispatchRule.load(ROOT / "bench/results" / heldout.FOLDER / "rule.json")
+    assert rule.fitted_on["cases"] == 151 - len(decisions.held_out_ids())  # the committed rule saw none of them
+
+
+def test_every_unlabeled_twin_is_dispatched_as_its_labelled_case(bench: tuple[ModuleType, ModuleType]) -> None:
+    _, heldout = bench
+    scored = heldout.score()
+    assert len(scored) == 56  # 28 held-out cases, each in two runs
+    assert all(s.chosen["unlabeled"] == s.chosen["labelled"] for s in scored)
+    decode = [s for s in scored if s.kind == "decode"]
+    assert decode and any(s.chosen["unlabeled, label only"] != s.chosen["labelled"] for s in decode)
