@@ -1,4 +1,4 @@
-"""vLLM serving plugin: capture the logits that vLLM 0.33's sparse-attention indexer hands to its top-k.
+"""vLLM serving plugin: capture the logits that vLLM's sparse-attention indexer (0.33, 0.34) hands its top-k.
 
 vLLM loads every `vllm.general_plugins` entry point in each of its processes (API server, engine core,
 every worker). `register` does nothing unless `LOGITREPLAY_CAPTURE_DIR` is set; then it wraps the call
@@ -11,9 +11,11 @@ device data on the host (that would stall the model's thread on its stream). The
   over fp32 compressed logits (row i holds its own keys from column 0; the tail past `rowEnds` is
   uninitialized memory, never data);
 - `deep_select_topk` on `vllm.model_executor.layers.indexer_topk` and on the modules that import it by
-  name (`kernels/attention/dsa/sparse_mqa_logits.py`, `candidate_blocks.py`): DeepSeek V4.1's top-k over
-  bf16 sparse logits (`attention_config.indexer_sparse_logits`) and the candidate source's block
-  selection. Patched before those modules are imported, the name they bind is the wrapper;
+  name (0.34's `sparse_attn_indexer.py`; `kernels/attention/dsa/sparse_mqa_logits.py`,
+  `candidate_blocks.py`): 0.34's prefill top-k over bf16 logits with the `deep_select` backend, DeepSeek
+  V4.1's top-k over bf16 sparse logits (`attention_config.indexer_sparse_logits`) and the candidate
+  source's block selection. Patched before those modules are imported, the name they bind is the wrapper;
+- `fused_mqa_topk_prefill` (0.34), only counted: it builds no logits (`calls_by_path.fused`);
 - `SparseIndexerTopk.forward` (`indexer_topk.py`): the decode top-k of every backend (cooperative,
   persistent, per_row, deep_select, ...), called by `sparse_attn_indexer`'s decode branch as
   `get_indexer_topk(backend)(logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)`; and
@@ -33,8 +35,9 @@ on every later step), nor in vLLM's dummy runs (`_dummy_run`, `profile_run`, `ca
 width bucket) (`policy.shape_key`; every decode matrix is max_model_len wide): the default keeps each
 layer's first real decode call of every power-of-two batch size.
 
-The chunk's layout, the TP row window and the calling layer come from the calling frames
-(`vllm_frames`). A case is never staged while a CUDA graph is being captured (the copy would be baked
+The chunk's layout, its rows, the TP split of the rows and the calling layer come from the indexer op's
+arguments, the top-k's output view and the forward context's indexer metadata (`vllm_frames`); what
+differs between releases is `vllm_versions`' table, and a release not in it is not captured. A case is never staged while a CUDA graph is being captured (the copy would be baked
 into the graph). Ranks: by default tensor-parallel rank 0 captures replicated rows (every rank holds the
 same), and every rank captures its own row window when vLLM shards prefill rows across TP ranks.
 

@@ -1,4 +1,4 @@
-"""The vLLM 0.33 call sites the capture plugin intercepts (`SITES`), and how each call is read.
+"""The vLLM call sites (0.33, 0.34) the capture plugin intercepts (`SITES`), and how each call is read.
 
 A `Site` names the attribute to wrap and where to find it; its `read` turns one production call's
 arguments (positional exactly as vLLM passes them), its result and the calling frames (`vllm_frames`)
