@@ -33,6 +33,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> str:
     a = Archive.create(path)
     a.write(plugins.plugin_case("b-normal-c64-r6-k8"))
     a.write(plugins.plugin_case("c-flood-c64-b9-n1-k8-full"))
+    a.write(plugins.plugin_case("run-00001-L00-w64"))  # as a capture names its cases
     return str(path)
 
 
@@ -191,3 +192,57 @@ def test_report_prints_the_table_replay_printed_and_writes_its_csv(archive: str,
     wide = cli("report", str(out), "--wide", "--csv", str(tmp_path / "r.csv"))
     assert "b-normal-c64-r6-k8" in wide.output and f"CSV written to {tmp_path / 'r.csv'}" in wide.output
     assert (tmp_path / "r.csv").read_text().startswith("case_id,")
+
+
+# -- finding 5: ids in tables are ids --case takes; cases; completion
+
+
+def _table_ids(output: str) -> list[str]:
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("\u2500")) + 1
+    end = next(i for i, line in enumerate(lines) if i >= start and ":" in line)  # the legend
+    return [line.split()[0] for line in lines[start:end]]
+
+
+def test_every_id_a_table_shows_is_an_id_case_takes(archive: str) -> None:
+    res = cli("replay", archive, "--selectors", "reference", "--rounds", "1")
+    assert res.exit_code == 0, res.output
+    shown = _table_ids(res.output)
+    assert shown == ["b-normal", "c-flood-b9-n1-full", "run-00001-L00"], res.output
+    for case_id in shown:
+        listed = cli("cases", archive, "--case", case_id, "--json")
+        assert listed.exit_code == 0, listed.output
+        assert [c["short_id"] for c in json.loads(listed.stdout)] == [case_id]
+    picked = cli("replay", archive, "--selectors", "reference", "--rounds", "1", "--case", "run-00001-L00",
+                 "--case", "c-flood-b9*", "--json")
+    assert picked.exit_code == 0, picked.output
+    assert [c["case_id"] for c in json.loads(picked.stdout)["cases"]] == ["c-flood-c64-b9-n1-k8-full",
+                                                                         "run-00001-L00-w64"]
+
+
+def test_cases_lists_ids_one_a_line_with_shapes(archive: str) -> None:
+    res = cli("cases", archive)
+    assert res.exit_code == 0, res.output
+    assert [line.split()[0] for line in res.output.splitlines()] == [
+        "b-normal-c64-r6-k8", "c-flood-c64-b9-n1-k8-full", "run-00001-L00-w64"]
+    assert res.output.splitlines()[0].endswith("64 x 6, k 8, float32")
+    suite = cli("cases", "--suite", "stress", "--scale", "small", "--case", "bin-flood-b9*", "--json")
+    assert suite.exit_code == 0, suite.output
+    assert {c["case_id"] for c in json.loads(suite.stdout)} >= {"bin-flood-c5120-b9-n1-k256-full-f384"}
+    none = cli("cases", archive, "--case", "nothing*")
+    assert one_line_error(none) and "logitreplay cases" in none.output
+
+
+def _complete(words: str) -> list[str]:
+    env = {"_LOGITREPLAY_COMPLETE": "bash_complete", "COMP_WORDS": words,
+           "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
+    res = CliRunner().invoke(main, [], prog_name="logitreplay", env=env)
+    assert res.exit_code == 0, res.output
+    return [line.partition(",")[2] for line in res.output.splitlines() if line]
+
+
+def test_the_shell_completes_selector_names_and_case_ids(archive: str) -> None:
+    assert _complete("logitreplay replay --selectors reference,na") == ["reference,native"]
+    assert "deepselect" in _complete("logitreplay replay --baseline d")
+    assert _complete(f"logitreplay replay {archive} --case run") == ["run-00001-L00-w64", "run-00001-L00"]
+    assert _complete("logitreplay inspect nowhere.zarr --case a") == []  # nothing to offer, no error

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from logitreplay.archive import Archive, Case
-from logitreplay.archive.ids import natural_order
+from logitreplay.archive.ids import natural_order, short_id
 from logitreplay.cli import common, main
 from logitreplay.replay import report
 from logitreplay.replay.protocol import Timing, TimingProtocol
-from logitreplay.replay.report import Column, render, short_case_id
+from logitreplay.replay.report import Column, render
 from logitreplay.replay.results import CaseResult, ReplayResult, SelectorResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +155,7 @@ def test_archive_cases_come_in_natural_order_and_inspect_takes_globs(tmp_path: P
     assert [c["case_id"] for c in json.loads(res.stdout)["cases"]] == ["w-c1024", "w-c6400", "w-c12800"]
     res = cli("inspect", str(path), "--case", "nope*")
     assert res.exit_code == 1 and res.output.strip() == "Error: --case nope*: matches none of the 4 case ids " \
-        "(e.g. v-c16)"
+        "(e.g. v-c16; `logitreplay cases` lists them)"
 
 
 # -- incomplete cases and unusable paths
@@ -211,8 +211,8 @@ def test_cpu_runs_say_singular_samples_and_no_cuda_protocol(tmp_path: Path) -> N
 
 
 def test_a_control_s_short_id_drops_the_k_part_too() -> None:
-    assert short_case_id("a-normal-c1024-r512-k512~matched", 1024, 512, 512) == "a-normal~matched"
-    assert short_case_id("c1024-r512-k512~matched", 1024, 512, 512) == "c1024-r512-k512~matched"
+    assert short_id("a-normal-c1024-r512-k512~matched", 1024, 512, 512) == "a-normal~matched"
+    assert short_id("c1024-r512-k512~matched", 1024, 512, 512) == "c1024-r512-k512~matched"
 
 
 # -- every README command that prints a table, on CPU at small scale

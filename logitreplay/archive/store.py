@@ -34,7 +34,7 @@ from logitreplay.archive.guards import (
     inside,
     writer_lock,
 )
-from logitreplay.archive.ids import natural_order
+from logitreplay.archive.ids import natural_order, short_id
 from logitreplay.errors import ArchiveError, one_line
 
 SCHEMA_VERSION = 1
@@ -57,6 +57,14 @@ class CaseInfo:
     @property
     def rows(self) -> int:
         return int(self.attrs.get("rows", 0))
+
+    @property
+    def short_id(self) -> str:
+        """The id as the 80-column tables show it (`ids.short_id`), which `--case` takes too."""
+        cols, rows, top_k = (self.attrs.get(k) for k in ("cols", "rows", "top_k"))
+        if type(cols) is int and type(rows) is int and type(top_k) is int:
+            return short_id(self.case_id, cols, rows, top_k)
+        return self.case_id
 
     @property
     def provenance(self) -> dict[str, Any]:

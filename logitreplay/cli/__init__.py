@@ -52,13 +52,14 @@ def _register() -> None:
     from logitreplay.cli.datasets import inspect_cmd, synth_cmd
     from logitreplay.cli.kernels import build_kernels_cmd
     from logitreplay.cli.merge import merge_cmd
+    from logitreplay.cli.names import cases_cmd
     from logitreplay.cli.repair import repair_cmd
     from logitreplay.cli.replay import replay_cmd
     from logitreplay.cli.report import report_cmd
     from logitreplay.cli.share import COMMANDS as SHARE_COMMANDS
 
-    for cmd in (synth_cmd, inspect_cmd, capture_group, replay_cmd, report_cmd, compare_cmd, merge_cmd, build_kernels_cmd, repair_cmd,
-                *SHARE_COMMANDS):
+    for cmd in (synth_cmd, inspect_cmd, cases_cmd, capture_group, replay_cmd, report_cmd, compare_cmd, merge_cmd,
+                build_kernels_cmd, repair_cmd, *SHARE_COMMANDS):
         main.add_command(cmd)
 
 

@@ -13,6 +13,7 @@ from logitreplay.archive import Archive, Case
 from logitreplay.archive.ids import check_globs, matches
 from logitreplay.cli.common import check_dir_target, emit_json, json_option, plural, progress, user_errors
 from logitreplay.cli.decisions import controls_option
+from logitreplay.cli.names import complete_case_ids
 from logitreplay.datasets import controls, synth
 from logitreplay.datasets.summary import summarize
 from logitreplay.errors import ArchiveError
@@ -85,8 +86,8 @@ def _synth_like(like: str, kinds: tuple[str, ...], out: Path, json_out: str | No
 
 @click.command("inspect")
 @click.argument("location")
-@click.option("--case", "case_globs", multiple=True, metavar="ID|GLOB",
-              help="Only the cases whose id matches, e.g. 'b-normal*' (repeatable; any may match).")
+@click.option("--case", "case_globs", multiple=True, metavar="ID|GLOB", shell_complete=complete_case_ids,
+              help="Only the cases whose id or short form matches, e.g. 'b-normal*' (repeatable; any may match).")
 @json_option("Every field")
 @click.option("--work", is_flag=True, help="Also run the CPU algorithm models and show their work per case "
               "(native: histogram passes; DeepSelect: buffer compactions, candidates, rows redone; split: "
@@ -99,8 +100,8 @@ def inspect_cmd(location: str, case_globs: tuple[str, ...], json_out: str | None
     statistics over sampled rows (ties at the k-th value, fp16 bins of the top-k values) and provenance."""
     archive = Archive.open(location)
     infos = archive.infos()
-    check_globs([i.case_id for i in infos], case_globs)
-    infos = [i for i in infos if matches(i.case_id, case_globs)]
+    check_globs([i.case_id for i in infos], case_globs, [i.short_id for i in infos])
+    infos = [i for i in infos if matches(i.case_id, case_globs, i.short_id)]
     summaries, sources = [], []
     for info in progress(infos, len(infos), "inspect"):
         case, invalid = None, info.attrs.get("error")

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from logitreplay.cli import decisions
 from logitreplay.cli.common import STDOUT, check_json_target, json_option, progress, user_errors
+from logitreplay.cli.names import complete_case_ids, complete_selectors
 from logitreplay.cli.report import check_outputs, console_for, verdict, write_files
 from logitreplay.datasets import synth
 from logitreplay.replay import ReplayConfig, ReplayResult, TimingProtocol, report, run_replay, write_json
@@ -118,13 +119,15 @@ def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, pl
 @click.option("--scale", type=click.Choice(synth.SCALES), default=None,
               help="Suite scale [default: small on CPU, full on CUDA].")
 @click.option("--selectors", "names", default=",".join(DEFAULT_SELECTORS), show_default=True,
+              shell_complete=complete_selectors,
               help="Comma-separated registered selector names (built-ins, upstream adapters, plugins).")
-@click.option("--selector", "specs", multiple=True, metavar="MODULE:FACTORY",
+@click.option("--selector", "specs", multiple=True, metavar="MODULE:FACTORY", shell_complete=complete_selectors,
               help="An extra selector from a factory, e.g. mypkg.topk:make (repeatable).")
-@click.option("--baseline", default=None, help="Selector the ratio columns divide by [default: native if "
+@click.option("--baseline", default=None, shell_complete=complete_selectors, help="Selector the ratio columns divide by [default: native if "
               "selected, else the first].")
-@click.option("--case", "case_globs", multiple=True, metavar="ID|GLOB",
-              help="Only the cases whose id matches, e.g. 'b-normal*' (repeatable; any may match).")
+@click.option("--case", "case_globs", multiple=True, metavar="ID|GLOB", shell_complete=complete_case_ids,
+              help="Only the cases whose id, or its short form in the table, matches, e.g. 'b-normal*' "
+              "(repeatable; any may match; `logitreplay cases` lists the ids).")
 @click.option("--match", "case_regex", default=None, metavar="REGEX",
               help="Only the cases whose id contains a match of this regular expression.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,

@@ -21,6 +21,7 @@ from logitreplay.cli.common import (
     plural,
     user_errors,
 )
+from logitreplay.cli.names import complete_case_ids
 from logitreplay.datasets import hub
 from logitreplay.datasets.card import build_card
 from logitreplay.datasets.export import case_id_of, export_case, read_file
@@ -37,8 +38,9 @@ def _progress_only_on_terminal() -> None:
 
 @click.command("export")
 @click.argument("location")
-@click.option("--case", "case_globs", multiple=True, metavar="ID|GLOB",
-              help="Only the complete cases whose id matches, e.g. 'b-normal*' (repeatable; default: all).")
+@click.option("--case", "case_globs", multiple=True, metavar="ID|GLOB", shell_complete=complete_case_ids,
+              help="Only the complete cases whose id or short form matches, e.g. 'b-normal*' (repeatable; "
+              "default: all).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory for the <case_id>.safetensors files.")
 @click.option("--fill", type=float, default=-math.inf, show_default="-inf",
@@ -52,12 +54,12 @@ def export_cmd(location: str, case_globs: tuple[str, ...], out: Path, fill: floa
     `safetensors.torch.load_file` alone."""
     check_dir_target(out, "--out")
     archive = Archive.open(location)
-    known = archive.case_ids()
-    check_globs(known, case_globs)
+    known = [i for i in archive.infos() if i.complete]
+    check_globs([i.case_id for i in known], case_globs, [i.short_id for i in known])
     written, damaged = [], []
-    for cid in (c for c in known if matches(c, case_globs)):  # a damaged case never stops the others
+    for info in (i for i in known if matches(i.case_id, case_globs, i.short_id)):  # a damaged case never stops the others
         try:
-            case = archive.read(cid)
+            case = archive.read(info.case_id)
         except ArchiveError as e:
             damaged.append(str(e).removeprefix("case "))
             continue

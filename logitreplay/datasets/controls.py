@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from logitreplay.archive import Case
+from logitreplay.archive import Case, ids
 from logitreplay.datasets.indexer import Indexer, IndexerModel
 
 # Control kind (what users name) -> the derived cases it adds (their names).
@@ -43,7 +43,7 @@ KINDS: dict[str, tuple[str, ...]] = {
 # What `synth --like` writes unless told: the indexer control computes q.k over the whole shape, so it is
 # asked for by name.
 DEFAULT_KINDS = ("matched", "ablate", "shuffle")
-SEPARATOR = "~"  # a derived case is named <real case id>~<suffix>
+SEPARATOR = ids.SEPARATOR  # a derived case is named <real case id>~<suffix>
 _SUFFIX = {"matched": "matched", "ablate+100": "plus100", "ablate*1e-8": "times1e-8", "shuffle": "shuffle",
            "indexer": "indexer"}
 INDEXER = IndexerModel.of("deepseek-v3.2")  # the indexer control's model and structure (recorded on it)

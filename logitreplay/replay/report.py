@@ -29,7 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
-from logitreplay.datasets.controls import split_id
+from logitreplay.archive.ids import short_id
 from logitreplay.replay.protocol import Timing
 from logitreplay.replay.results import CaseResult, ReplayResult, SelectorResult
 
@@ -181,19 +181,9 @@ def short_names(names: list[str]) -> dict[str, str]:
     return out
 
 
-def short_case_id(case_id: str, cols: int, rows: int, top_k: int) -> str:
-    """The case id without the `c<cols>`, `w<cols>`, `r<rows>` and `k<top_k>` parts a table shows beside
-    it (`a-normal-c1024-r512-k512` -> `a-normal`; a control keeps its suffix: `a-normal~matched`); the
-    whole id when nothing would be left."""
-    base = split_id(case_id)[0]
-    shown = {f"c{cols}", f"w{cols}", f"r{rows}", f"k{top_k}"}
-    kept = [part for part in base.split("-") if part not in shown]
-    return "-".join(kept) + case_id[len(base):] if kept else case_id
-
-
 def short_ids(keys: Sequence[tuple[str, int, int, int]]) -> list[str]:
     """Short ids of (case id, cols, rows, k), or the whole ids where two rows would read the same."""
-    shorts = [(short_case_id(*k), *k[1:]) for k in keys]
+    shorts = [(short_id(*k), *k[1:]) for k in keys]
     counts = Counter(shorts)
     return [s[0] if counts[s] == 1 else k[0] for s, k in zip(shorts, keys, strict=True)]
 
@@ -268,7 +258,7 @@ def legend(result: ReplayResult, wide: bool = False, left_out: Sequence[str] = (
     if not wide:
         names = short_names(result.selectors)
         changed = [f"{short} = {name}" for name, short in names.items() if short != name]
-        lines.append("case: id minus its cols/rows/k parts (--wide: whole ids; --case GLOB filters)")
+        lines.append("case: id minus its cols/rows/k parts, which --case takes too (--wide: whole ids)")
         if changed:
             lines.append("selectors: " + ", ".join(changed))
         if _ratio_columns(result):

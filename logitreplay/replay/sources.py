@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logitreplay.archive import ELEMENT_BYTES, Archive, Case, CaseInfo
-from logitreplay.archive.ids import check_globs, matches
+from logitreplay.archive.ids import check_globs, matches, short_id
 from logitreplay.datasets import controls as derived
 from logitreplay.datasets import synth
 from logitreplay.errors import ArchiveError
@@ -135,18 +135,25 @@ def _entry_id(entry: tuple[Archive, CaseInfo] | synth.Recipe) -> str:
     return entry.case_id if isinstance(entry, synth.Recipe) else entry[1].case_id
 
 
+def _entry_short_id(entry: tuple[Archive, CaseInfo] | synth.Recipe) -> str:
+    if isinstance(entry, synth.Recipe):
+        return short_id(entry.case_id, entry.cols, entry.rows, entry.top_k)
+    return entry[1].short_id
+
+
 def _select(entries: list[tuple[Archive, CaseInfo] | synth.Recipe], globs: Sequence[str],
             regex: str | None) -> list[tuple[Archive, CaseInfo] | synth.Recipe]:
     """The entries whose id matches one of `globs` (an exact id is a glob of itself) and `regex`
     (searched); a glob or a regular expression that matches no case is an error, not an empty run."""
     ids = [_entry_id(e) for e in entries]
-    check_globs(ids, globs)
+    shorts = [_entry_short_id(e) for e in entries]
+    check_globs(ids, globs, shorts)
     try:
         pattern = None if regex is None else re.compile(regex)
     except re.error as e:
         raise ArchiveError(f"--match {regex}: not a regular expression ({e})") from None
-    kept = [e for e, cid in zip(entries, ids, strict=True)
-            if matches(cid, globs) and (pattern is None or pattern.search(cid))]
+    kept = [e for e, cid, short in zip(entries, ids, shorts, strict=True)
+            if matches(cid, globs, short) and (pattern is None or pattern.search(cid))]
     if not kept:
         raise ArchiveError(f"--match {regex}: matches none of the {len(ids)} case ids (with --case: "
                            f"{', '.join(globs) or '-'})")
