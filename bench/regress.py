@@ -21,6 +21,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +87,20 @@ def baseline(results: Path, suite: str, gpu: str | None) -> Path | None:
     return max(found)[2] if found else None
 
 
-def compare(base: Path, new: Path, limit: float, out_json: Path) -> tuple[int, dict[str, Any]]:
-    """`logitreplay compare BASE NEW --fail-above LIMIT` (its table printed), its exit status and JSON."""
+def compare(base: Path, new: Path, limit: float) -> tuple[int, dict[str, Any]]:
+    """`logitreplay compare BASE NEW --fail-above LIMIT` (its table printed), its exit status and JSON (kept
+    out of the reports' folder, which a session commits as the next baseline)."""
     from logitreplay.cli import main as cli
 
-    try:
-        cli.main(["compare", str(base), str(new), "--fail-above", str(limit), "--json", str(out_json)])
-    except SystemExit as e:  # the command always exits: 0, or 1 with its one-line reason printed
-        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-    else:
-        code = 0
-    return code, (json.loads(out_json.read_text()) if out_json.is_file() else {})
+    with tempfile.TemporaryDirectory() as tmp:
+        out_json = Path(tmp) / "compare.json"
+        try:
+            cli.main(["compare", str(base), str(new), "--fail-above", str(limit), "--json", str(out_json)])
+        except SystemExit as e:  # the command always exits: 0, or 1 with its one-line reason printed
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        else:
+            code = 0
+        return code, (json.loads(out_json.read_text()) if out_json.is_file() else {})
 
 
 def check(out: Path, results: Path, limit: float = LIMIT,
@@ -116,7 +120,7 @@ def check(out: Path, results: Path, limit: float = LIMIT,
                          "as bench/results/<hw>-<date>/regress/ to make one")
             unbased = True
             continue
-        code, verdict = compare(base, new, limit, out / f"compare-{suite}.json")
+        code, verdict = compare(base, new, limit)
         missing = verdict.get("only_base") or []
         where = base.relative_to(results).as_posix()
         if code != 0 or missing:
