@@ -146,6 +146,45 @@ def test_limits_decline_with_the_reason(name: str, case: Case, reason: str, stan
     assert build(name).supports(_case(), CUDA) is None  # the stand-in is found, and a plain case is taken
 
 
+@pytest.mark.parametrize("name", PEERS)
+def test_each_peer_declines_what_its_declaration_says_it_does_not_take(name: str, standins: dict[str, Any],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    declared, sel = catalog.adapters()[name].declared, build(name)
+    for dtype in (torch.float32, torch.bfloat16):  # the dtypes a case holds
+        taken = str(dtype).removeprefix("torch.") in declared.dtypes
+        assert (sel.supports(_case(dtype=dtype), CUDA) is None) == taken, dtype
+    low, high = declared.k
+    if high is not None:
+        assert sel.supports(_case(k=high * 2), CUDA) is not None
+    assert (sel.supports(_case(starts=True), CUDA) is None) == ("starts" in declared.layouts)
+    assert (sel.supports(_case(stride=4096 + 64), CUDA) is None) == ("padded" in declared.layouts)
+
+
+def test_a_peer_refuses_a_version_it_was_not_read_from(standins: dict[str, Any],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(sys.modules["flashinfer"], "__version__", "0.7.4")
+    loading.forget()
+    try:
+        assert build("flashinfer-ragged").supports(_case(), CUDA) == (
+            "flashinfer-python 0.7.4 is not a version this adapter knows: it was read from 0.7.2.post1 and takes "
+            "0.7.2 <= version < 0.7.3")
+    finally:
+        monkeypatch.undo()
+        loading.forget()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert build("flashinfer-ragged").supports(_case(), CUDA) is None  # the stand-in's own 0.7.2.post1
+
+
+def test_versions_compare_by_their_numbers() -> None:
+    from logitreplay.selectors.upstream.base import release_numbers
+
+    assert release_numbers("0.7.2.post1") == (0, 7, 2, 1) and release_numbers("v0.4.10") == (0, 4, 10)
+    assert release_numbers("2.11.0+cu130") == (2, 11, 0) and release_numbers("0.34.0rc1") == (0, 34, 0)
+    assert release_numbers("0.4.10") > release_numbers("0.4.6")
+
+
 def test_a_peer_from_a_folder_is_named_after_it_and_a_second_copy_is_refused(standins: dict[str, Any],
                                                                              tmp_path: Path) -> None:
     root = next(p for p in sys.path if (Path(p) / "flashinfer" / "topk.py").is_file())

@@ -56,10 +56,11 @@ def _register() -> None:
     from logitreplay.cli.repair import repair_cmd
     from logitreplay.cli.replay import replay_cmd
     from logitreplay.cli.report import report_cmd
+    from logitreplay.cli.selectors import selectors_cmd
     from logitreplay.cli.share import COMMANDS as SHARE_COMMANDS
 
     for cmd in (synth_cmd, inspect_cmd, cases_cmd, capture_group, replay_cmd, report_cmd, compare_cmd, merge_cmd,
-                build_kernels_cmd, repair_cmd, *SHARE_COMMANDS):
+                build_kernels_cmd, repair_cmd, selectors_cmd, *SHARE_COMMANDS):
         main.add_command(cmd)
 
 

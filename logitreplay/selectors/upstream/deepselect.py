@@ -16,7 +16,7 @@ from logitreplay.selectors.upstream.loading import Source
 DEEP_SELECT = Source(("deep_select",), "deep_select (built from DeepSeek's DeepSelect repository)", "deep_select",
                      "deep_select", binary="deep_select_cuda*.so")
 # Read from main at 382d62a, whose package says 1.0.0 (a build of the repository names no commit).
-DEEP_SELECT_382D62A = Release(DEEP_SELECT, "1.0.0 (main @ 382d62a)", ("1.0.0", "1.1.0"))
+DEEP_SELECT_382D62A = Release(DEEP_SELECT, "1.0.0+382d62a", ("1.0.0", "1.1.0"))
 
 
 class DeepSelectUpstream(Upstream):
