@@ -6,7 +6,7 @@
 # decode ones against its decode kernels). $GPU_TESTS names the kernel tests (default: native's; none: no
 # kernel tests); TESTS=0 runs no tests and builds nothing ahead (the replays build what they use).
 # The libraries: /tmp/vllm/_C_stable_libtorch.abi3.so and /tmp/vllm/_deepselect_C.abi3.so, as the runs
-# just before left them (bench/stage_vllm.sh's parts, one run each: bash .vllm-parts/N/unpack.sh), or
+# just before left them (staging/stage_vllm.sh's parts, one run each: bash .vllm-parts/N/unpack.sh), or
 # else decompressed here from .vllm/*.xz where the tree has them. Without .whl in the tree, a run uses
 # what an earlier run on the same host installed in /tmp/site.
 #   run 1, with .vllm-parts/1:         bash .vllm-parts/1/unpack.sh
@@ -19,7 +19,7 @@ ds=/tmp/vllm/_deepselect_C.abi3.so
 for f in "$lib" "$ds"; do
   [ -f "$f" ] && continue
   xz=.vllm/$(basename "$f").xz
-  [ -f "$xz" ] || { echo "MISSING $f: run bash .vllm-parts/N/unpack.sh for each part first (bench/stage_vllm.sh)," \
+  [ -f "$xz" ] || { echo "MISSING $f: run bash .vllm-parts/N/unpack.sh for each part first (staging/stage_vllm.sh)," \
                       "or carry .vllm"; exit 3; }
   xz -dc "$xz" > "$f.new" && mv "$f.new" "$f" || { rm -f "$f.new"; echo "$xz did not decompress"; exit 3; }
 done

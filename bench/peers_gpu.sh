@@ -9,7 +9,7 @@
 #   SUITES=probe,decode SCALE=full bash bench/peers_gpu.sh      (.peers and .whl in the tree)
 # Everything is written to $OUT as it is made (a run cut short keeps what it finished): the build and
 # test logs, JUnit files, and peers.py's JSON, commands, versions and PEERS.md. cuDNN's indexer top-k is
-# too large to travel with .peers: bench/stage_cudnn.sh's runs put it in /tmp/cudnn first, read here.
+# too large to travel with .peers: staging/stage_cudnn.sh's runs put it in /tmp/cudnn first, read here.
 # Exits 1 when any step failed (each is still tried), 3 when the set-up did.
 set -uo pipefail
 out=${OUT:-out/peers}
@@ -46,8 +46,8 @@ for item in ${PLAIN_TESTS:-}; do
 done
 if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
 . /tmp/peers/env.sh
-# cuDNN's indexer top-k, where the runs just before unpacked bench/stage_cudnn.sh's parts into /tmp/cudnn
-if [ -f /tmp/cudnn/env.sh ]; then . /tmp/cudnn/env.sh; else echo "cudnn: not unpacked in /tmp/cudnn (bench/stage_cudnn.sh)"; fi
+# cuDNN's indexer top-k, where the runs just before unpacked staging/stage_cudnn.sh's parts into /tmp/cudnn
+if [ -f /tmp/cudnn/env.sh ]; then . /tmp/cudnn/env.sh; else echo "cudnn: not unpacked in /tmp/cudnn (staging/stage_cudnn.sh)"; fi
 # upstream DeepSelect (deepselect-upstream), prebuilt for sm_90a, where the tree carries shared/gpu/deepselect
 # as .deepselect (its README)
 ds_tar=$(find .deepselect/prebuilt -name 'deep_select-*-sm90a.tar.xz' 2> /dev/null | head -1)

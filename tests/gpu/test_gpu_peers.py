@@ -1,5 +1,5 @@
 """The DSA top-k peers (FlashInfer, SGLang v2, sgl-kernel, cuDNN's indexer top-k, upstream DeepSelect), run
-for real where they are staged (bench/peers_gpu.sh puts them on the path; bench/stage_cudnn.sh stages
+for real where they are staged (bench/peers_gpu.sh puts them on the path; staging/stage_cudnn.sh stages
 cuDNN's): each verifies (checks 1-7, the graph replay included) on every case it accepts and declines
 the rest with a reason, never an error; sgl-kernel's fast top-k drops candidates once one coarse bin
 holds more than its buffer, which is that peer's result."""

@@ -3,9 +3,9 @@
 # _deepselect_C.abi3.so.xz, 2 MiB, with VERSION) for an offline GPU host that takes the working tree and
 # at most about 64 MiB with it per run: too much for one run beside the tree. Run from the project root
 # after .vllm/ was staged (nothing is downloaded):
-#   bash bench/stage_vllm.sh
+#   bash staging/stage_vllm.sh
 # It writes .vllm-parts/ (git-ignored, replaced on each run): one tar of the two .xz files and VERSION cut
-# by bench/parts.sh into parts of at most $PART_MIB MiB (default 54), part N in .vllm-parts/N/ with
+# by staging/parts.sh into parts of at most $PART_MIB MiB (default 54), part N in .vllm-parts/N/ with
 # unpack.sh, parts.sh and SHA256SUMS (the parts', the tar's and the decompressed libraries'), and
 # MANIFEST.txt. Each part travels in a run of its own; unpack.sh keeps the parts in /tmp/vllm/parts and,
 # once it has them all, decompresses the libraries to where bench/fidelity_gpu.sh reads them,
@@ -48,7 +48,7 @@ tar -C "$tmp/payload" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0
 
 cat > "$tmp/unpack.sh" <<'EOF'
 #!/usr/bin/env bash
-# One part of vLLM's kernel libraries, staged by bench/stage_vllm.sh, on the GPU host (no network). From
+# One part of vLLM's kernel libraries, staged by staging/stage_vllm.sh, on the GPU host (no network). From
 # the project root, one run per part, the runs following one another (before the host clears /tmp):
 #   bash .vllm-parts/N/unpack.sh [DIR]      (DIR defaults to /tmp/vllm, where bench/fidelity_gpu.sh reads)
 # Keeps this part in DIR/parts (parts.sh join, beside this script); once every part is there, joins them
@@ -80,10 +80,10 @@ echo "vLLM's libraries ($(cat "$T/VERSION")) unpacked into $T, sha256 checked:"
 (cd "$T" && printf '%s\n' "$sums" | while read -r _ name; do echo "  $(stat -c %s "$name")  $T/$name"; done)
 echo "next: bash bench/fidelity_gpu.sh SUITES (it reads them there)"
 EOF
-parts=$(bash "$root/bench/parts.sh" cut "$tmp/vllm.tar" "$out" "${part_mib}M" "$tmp/lib-sums" "$tmp/unpack.sh")
+parts=$(bash "$root/staging/parts.sh" cut "$tmp/vllm.tar" "$out" "${part_mib}M" "$tmp/lib-sums" "$tmp/unpack.sh")
 
 {
-  echo "vLLM's kernel libraries, staged by bench/stage_vllm.sh: $parts parts, one run each, in order:"
+  echo "vLLM's kernel libraries, staged by staging/stage_vllm.sh: $parts parts, one run each, in order:"
   for d in $(seq 1 "$parts"); do
     echo "  run $d, with .vllm-parts/$d$([ "$d" = "$parts" ] && echo ' and .whl') in the tree: bash .vllm-parts/$d/unpack.sh$(
       [ "$d" = "$parts" ] && echo ' && GPU_TESTS=none bash bench/fidelity_gpu.sh indexer,indexer-decode')"

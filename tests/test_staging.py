@@ -1,5 +1,5 @@
-"""bench/parts.sh, which carries a file too large for one GPU run in parts (bench/stage_cudnn.sh,
-bench/stage_vllm.sh): the parts reassemble to the same bytes in any order, each from a tree holding only
+"""staging/parts.sh, which carries a file too large for one GPU run in parts (staging/stage_cudnn.sh,
+staging/stage_vllm.sh): the parts reassemble to the same bytes in any order, each from a tree holding only
 its own part; a run before the last keeps its part and says which are missing; a damaged part is refused;
 and stage_vllm.sh's unpack.sh puts the decompressed libraries where bench/fidelity_gpu.sh reads them."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+STAGING = Path(__file__).resolve().parents[1] / "staging"
 pytestmark = pytest.mark.skipif(any(shutil.which(t) is None for t in ("bash", "split", "sha256sum", "numfmt", "tar")),
                                 reason="needs bash and coreutils")
 
@@ -34,7 +34,7 @@ def test_parts_reassemble_byte_identical_in_any_order(tmp_path: Path) -> None:
     data = os.urandom(10_000)
     (tmp_path / "blob.bin").write_bytes(data)
     (tmp_path / "extra").write_text("note 0123  kept for the payload\n")
-    cut = sh(BENCH / "parts.sh", "cut", tmp_path / "blob.bin", tmp_path / "parts", "4K", tmp_path / "extra")
+    cut = sh(STAGING / "parts.sh", "cut", tmp_path / "blob.bin", tmp_path / "parts", "4K", tmp_path / "extra")
     assert cut.returncode == 0, cut.stderr
     assert cut.stdout.strip() == "3"
     assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == ["1", "2", "3"]
@@ -59,7 +59,7 @@ def test_parts_reassemble_byte_identical_in_any_order(tmp_path: Path) -> None:
 
 def test_a_damaged_part_is_refused(tmp_path: Path) -> None:
     (tmp_path / "blob.bin").write_bytes(os.urandom(9000))
-    assert sh(BENCH / "parts.sh", "cut", tmp_path / "blob.bin", tmp_path / "parts", "4K").returncode == 0
+    assert sh(STAGING / "parts.sh", "cut", tmp_path / "blob.bin", tmp_path / "parts", "4K").returncode == 0
     part = tmp_path / "parts" / "2" / "blob.bin.part1"
     raw = bytearray(part.read_bytes())
     raw[5] ^= 0xFF
@@ -72,7 +72,7 @@ def test_a_damaged_part_is_refused(tmp_path: Path) -> None:
 def test_many_parts_keep_their_order(tmp_path: Path) -> None:
     data = os.urandom(12_000)
     (tmp_path / "b").write_bytes(data)
-    assert sh(BENCH / "parts.sh", "cut", tmp_path / "b", tmp_path / "parts", "1000").stdout.strip() == "12"
+    assert sh(STAGING / "parts.sh", "cut", tmp_path / "b", tmp_path / "parts", "1000").stdout.strip() == "12"
     assert (tmp_path / "parts" / "12" / "b.part11").is_file()  # two-digit suffixes past ten parts
     for n in range(12, 0, -1):
         got = sh(tmp_path / "parts" / str(n) / "parts.sh", "join", tmp_path / "parts" / str(n), tmp_path / "host")
@@ -83,16 +83,16 @@ def test_many_parts_keep_their_order(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("xz") is None or shutil.which("git") is None, reason="needs xz and git")
 def test_stage_vllm_puts_the_decompressed_libraries_where_fidelity_gpu_reads_them(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    (repo / "bench").mkdir(parents=True)
+    (repo / "staging").mkdir(parents=True)
     for script in ("parts.sh", "stage_vllm.sh"):
-        shutil.copy(BENCH / script, repo / "bench" / script)
+        shutil.copy(STAGING / script, repo / "staging" / script)
     assert subprocess.run(["git", "init", "-q", str(repo)]).returncode == 0
     libs = {"_C_stable_libtorch.abi3.so": os.urandom(3 << 20), "_deepselect_C.abi3.so": os.urandom(1 << 19)}
     (repo / ".vllm").mkdir()
     for name, data in libs.items():
         (repo / ".vllm" / f"{name}.xz").write_bytes(lzma.compress(data, preset=0))
     (repo / ".vllm" / "VERSION").write_text("vllm==0.33.0\n")
-    staged = subprocess.run(["bash", "bench/stage_vllm.sh"], cwd=repo, capture_output=True, text=True,
+    staged = subprocess.run(["bash", "staging/stage_vllm.sh"], cwd=repo, capture_output=True, text=True,
                             env={**os.environ, "PART_MIB": "2"})
     assert staged.returncode == 0, staged.stderr
     assert sorted(p.name for p in (repo / ".vllm-parts").iterdir()) == ["1", "2", "MANIFEST.txt"]

@@ -2,10 +2,10 @@
 # Stage cuDNN frontend's DSA indexer top-k (the `cudnn-indexer-topk` adapter, logitreplay/selectors/upstream/cudnn.py)
 # for an offline GPU host (no network; Python 3.12, torch 2.11 cu130, CUDA 13) that takes files in
 # parts of at most about 64 MiB, one run each. Run from the project root on a machine with network:
-#   bash bench/stage_cudnn.sh
+#   bash staging/stage_cudnn.sh
 # It downloads the six cp312 manylinux x86-64 wheels below (checked against their sha256; CUDNN_WHEELS=DIR
 # takes them from DIR instead, checked the same way) and writes .cudnn/ (git-ignored, replaced on each
-# run): one tar of the wheels cut by bench/parts.sh into parts of at most $PART_MIB MiB (default 54),
+# run): one tar of the wheels cut by staging/parts.sh into parts of at most $PART_MIB MiB (default 54),
 # part N in .cudnn/N/ with unpack.sh, parts.sh and SHA256SUMS, and MANIFEST.txt. Each part travels in a
 # run of its own; unpack.sh keeps the parts in /tmp/cudnn/parts (parts.sh join) and, once it has them
 # all, installs the wheels (pip install --no-index --no-deps --target /tmp/cudnn/site) and writes
@@ -75,7 +75,7 @@ sed 's/^/wheel /' "$tmp/WHEELS.sha256" > "$tmp/wheel-sums"  # in each part's SHA
 
 cat > "$tmp/unpack.sh" <<'EOF'
 #!/usr/bin/env bash
-# One part of cuDNN frontend's indexer top-k, staged by bench/stage_cudnn.sh, on the GPU host (no
+# One part of cuDNN frontend's indexer top-k, staged by staging/stage_cudnn.sh, on the GPU host (no
 # network; python3 with pip and torch). From the project root, one run per part, the runs following
 # one another (before the host clears /tmp):
 #   bash .cudnn/N/unpack.sh [DIR]      (DIR defaults to /tmp/cudnn)
@@ -116,10 +116,10 @@ rm -f "$T/wheels.tar"
 echo "cudnn unpacked into $T ($(du -sh "$T/site" | cut -f1)); before importing cudnn run: . $T/env.sh"
 cat "$T/env.sh"
 EOF
-parts=$(bash "$root/bench/parts.sh" cut "$tmp/wheels.tar" "$out" "${part_mib}M" "$tmp/wheel-sums" "$tmp/unpack.sh")
+parts=$(bash "$root/staging/parts.sh" cut "$tmp/wheels.tar" "$out" "${part_mib}M" "$tmp/wheel-sums" "$tmp/unpack.sh")
 
 {
-  echo "cuDNN frontend's DSA indexer top-k, staged by bench/stage_cudnn.sh: $parts parts, one run each, in order:"
+  echo "cuDNN frontend's DSA indexer top-k, staged by staging/stage_cudnn.sh: $parts parts, one run each, in order:"
   for d in $(seq 1 "$parts"); do echo "  run $d, with .cudnn/$d$([ "$d" = "$parts" ] && echo ' and .whl') in the tree: bash .cudnn/$d/unpack.sh"; done
   echo "nvidia-cudnn-frontend $cudnn_ver, nvidia-cutlass-dsl $dsl_ver (libs base, core, cu13), apache-tvm-ffi $tvm_ver"
   echo "Wheels (bytes, sha256):"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One file carried to an offline GPU host in parts, one run per part (each run takes the working tree and
-# at most about 64 MiB with it), reassembled there and checked by sha256. Used by bench/stage_cudnn.sh
-# (cuDNN frontend's wheels) and bench/stage_vllm.sh (vLLM's kernel libraries); nothing here knows what the
+# at most about 64 MiB with it), reassembled there and checked by sha256. Used by staging/stage_cudnn.sh
+# (cuDNN frontend's wheels) and staging/stage_vllm.sh (vLLM's kernel libraries); nothing here knows what the
 # file holds.
 #
-#   bash bench/parts.sh cut FILE DEST SIZE [EXTRA_SUMS [UNPACK]]
+#   bash staging/parts.sh cut FILE DEST SIZE [EXTRA_SUMS [UNPACK]]
 #     Cuts FILE into parts of at most SIZE bytes (split's syntax: 54M is 54 MiB, 4K is 4 KiB) and writes
 #     DEST/1/, DEST/2/, ... (DEST must not exist yet), each with its part NAME.partK (NAME: FILE's base
 #     name; K from 0), a copy of this script (parts.sh), SHA256SUMS and, where given, a copy of UNPACK
