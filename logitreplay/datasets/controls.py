@@ -98,7 +98,8 @@ def derive(case: Case, name: str) -> Case:
         new = values[torch.from_numpy(_row_permutation(case.lengths, np.random.default_rng(s)))]
     elif name == "indexer":
         s = seed(case.case_id, name)
-        new = torch.from_numpy(_indexer_rows(case, s))
+        new = torch.from_numpy(Indexer(INDEXER, s).ragged(case.cols, case.row_starts, case.row_ends,
+                                                           np.random.default_rng([s, 5])))
     else:
         raise ValueError(f"unknown control {name!r}; known: {', '.join(_SUFFIX)}")
     new = new.to(values.dtype)  # ablations are rounded once, to the case's own dtype
@@ -115,23 +116,6 @@ def with_controls(case: Case, kinds: Sequence[str]) -> Iterator[Case]:
     yield case
     for name in derived_names(kinds):
         yield derive(case, name)
-
-
-def _indexer_rows(case: Case, s: int) -> np.ndarray:
-    """The indexer control's ragged values: consecutive rows that share a start (a chunk's, a request's)
-    are scored together, at most 16 at a time, over one text with sinks at every row start."""
-    starts, ends = case.row_starts.astype(np.int64), case.row_ends.astype(np.int64)
-    ix = Indexer(INDEXER, s)
-    text = ix.text(case.cols, np.unique(starts))
-    rng = np.random.default_rng([s, 5])
-    out: list[np.ndarray] = []
-    first = 0
-    for r in range(1, case.rows + 1):
-        if r == case.rows or starts[r] != starts[first] or r - first == 16:
-            lo, e = int(starts[first]), ends[first:r]
-            out += ix.rows(text, lo, np.minimum(np.maximum(e, lo + 1), case.cols) - 1, e - lo, rng)
-            first = r
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
 
 def _row_permutation(lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:

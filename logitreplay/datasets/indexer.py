@@ -186,6 +186,21 @@ class Indexer:
         sc = self.scores(q, w, text, lo, lo + int(lengths.max(initial=0))).numpy()
         return [sc[r, :n] for r, n in enumerate(lengths.tolist())]
 
+    def ragged(self, cols: int, starts: np.ndarray, ends: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The ragged float32 scores of rows [starts, ends) of one `cols`-token text whose documents begin
+        at the rows' starts (sinks there), each row's query the last key of its range: consecutive rows
+        that share a start (a chunk's, a request's) are scored together, at most 16 at a time."""
+        starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+        text = self.text(cols, np.unique(starts))
+        out: list[np.ndarray] = []
+        first = 0
+        for r in range(1, starts.shape[0] + 1):
+            if r == starts.shape[0] or starts[r] != starts[first] or r - first == 16:
+                lo, e = int(starts[first]), ends[first:r]
+                out += self.rows(text, lo, np.minimum(np.maximum(e, lo + 1), cols) - 1, e - lo, rng)
+                first = r
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
     def scores(self, q: torch.Tensor, w: torch.Tensor, text: Text, lo: int, hi: int) -> torch.Tensor:
         """float32 (n, hi - lo): the scores of n queries over keys [lo, hi) of `text`."""
         n = q.shape[0]

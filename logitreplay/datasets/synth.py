@@ -16,6 +16,12 @@ recency and repeated text): `indexer` prefill chunks (causal rows at the end of 
 `indexer-decode` decode batches (lengths mixed between 1K and 160K); every parameter is in the recipe.
 `stress` also holds flooded rows (`FloodRecipe`): the top values of every row in one coarse histogram
 bin, as many of them as the kernels' capacities and one more.
+
+The long-context suites hold the same kinds of cases at 256K-1M columns, where DSA is used: `long` prefill
+chunks of 2^27 cells (262144 x 512, 524288 x 256, 1048576 x 128, and a 1M chunk of three requests) and
+`long-decode` batches of 1-256 rows of a 2^20-wide matrix (next_n 1 and 2, k 512/1024/2048, lengths 1K to
+the width, edge rows shorter than next_n and k), indexer-made with a normal twin each, and the flooded rows
+of `stress` at 2^20 columns, plus one far past every capacity.
 """
 
 from __future__ import annotations
@@ -153,8 +159,8 @@ class DecodeRecipe(Recipe):
 
 
 def _decode_recipe(suite: str, group: str, dist: str, batch: int, next_n: int, top_k: int, seed: int,
-                   seq_lens: str = "mixed") -> DecodeRecipe:
-    return DecodeRecipe(suite, group, dist, batch * next_n, MAX_MODEL_LEN, top_k, "decode", seed,
+                   seq_lens: str = "mixed", width: int = MAX_MODEL_LEN) -> DecodeRecipe:
+    return DecodeRecipe(suite, group, dist, batch * next_n, width, top_k, "decode", seed,
                         next_n=next_n, seq_lens=seq_lens)
 
 
@@ -183,7 +189,8 @@ SMALL_INDEXER_DIVISOR = 16
 @dataclass(frozen=True)
 class IndexerRecipe(Recipe):
     """A prefill chunk scored by a DSA indexer (`datasets/indexer.py`): `rows` queries at the end of a
-    `cols`-token sequence, causal."""
+    `cols`-token sequence, causal (with `starts` = requests: three requests of a third of the width
+    each, every one a document of its own)."""
 
     indexer: IndexerModel = field(default_factory=IndexerModel)
 
@@ -240,8 +247,9 @@ def _indexer() -> list[Recipe]:
 
 
 def _indexer_decode_recipe(group: str, m: IndexerModel, batch: int, next_n: int, seed: int,
-                           seq_lens: str = "long") -> IndexerDecodeRecipe:
-    return IndexerDecodeRecipe("indexer-decode", group, "indexer", batch * next_n, MAX_MODEL_LEN, 2048, "decode",
+                           seq_lens: str = "long", suite: str = "indexer-decode", width: int = MAX_MODEL_LEN,
+                           top_k: int = 2048) -> IndexerDecodeRecipe:
+    return IndexerDecodeRecipe(suite, group, "indexer", batch * next_n, width, top_k, "decode",
                                seed, next_n=next_n, seq_lens=seq_lens, indexer=m)
 
 
@@ -257,13 +265,49 @@ def _indexer_decode() -> list[Recipe]:
     return r
 
 
-def _flood() -> list[Recipe]:
-    ds = deepselect_config(2048, MAX_MODEL_LEN).cap
+def _flood(suite: str = "stress", width: int = MAX_MODEL_LEN, seed: int = 560,
+           beyond: tuple[int, ...] = ()) -> list[Recipe]:
+    """Flooded rows of `width` columns at every capacity and one past it, and at the counts `beyond`
+    (far past every capacity, which only long rows can hold)."""
+    ds = deepselect_config(2048, width).cap
     cap = PERSISTENT_TOPK_CAPACITY
-    shapes = [(256, n) for n in (cap, cap + 1, 40000)]
+    shapes = [(256, n) for n in (cap, cap + 1, 40000, *beyond)]
     shapes += [(33, n) for n in (cap, cap + 1, ds, ds + 1, SPLIT_SLOT_LISTED, SPLIT_SLOT_LISTED + 1)]
-    return [FloodRecipe("stress", "bin", "flood", rows, MAX_MODEL_LEN, 2048, "decode", 560 + i, seq_lens="full",
+    return [FloodRecipe(suite, "bin", "flood", rows, width, 2048, "decode", seed + i, seq_lens="full",
                         flood=n) for i, (rows, n) in enumerate(shapes)]
+
+
+# The long-context suites: prefill chunks and decode batches 256K-1M columns wide, where DSA is used.
+LONG_WIDTH = 1 << 20
+# Long prefill chunks hold rows x cols = 2^27 cells (512 MiB of fp32): (cols, rows, starts).
+LONG_CHUNKS = ((262144, 512, "zero"), (524288, 256, "zero"), (LONG_WIDTH, 128, "zero"), (LONG_WIDTH, 128, "requests"))
+# Long decode batches (batch, next_n, top_k; at most 256 rows): plain and MTP decode at V3.2's k, and V4's
+# k 512 and DeepSelect's wide k 1024 on one batch each.
+LONG_BATCHES = (*((b, 1, 2048) for b in (1, 8, 64, 256)), (32, 2, 2048), (128, 2, 2048), (64, 1, 512), (64, 1, 1024))
+# Flooded rows far past every capacity: one row in eight in the threshold bin.
+LONG_FLOOD = LONG_WIDTH // 8
+
+
+def _long() -> list[Recipe]:
+    """Prefill chunks of `LONG_CHUNKS` scored by V3.2's indexer, each with a normal twin (same shape and seed)."""
+    s, v32 = "long", IndexerModel.of("deepseek-v3.2")
+    r: list[Recipe] = [IndexerRecipe(s, "v32", "indexer", rows, cols, 2048, "causal", 1000 + i, starts=starts,
+                                     indexer=v32) for i, (cols, rows, starts) in enumerate(LONG_CHUNKS)]
+    return r + [Recipe(s, "ctl", "normal", x.rows, x.cols, x.top_k, x.ends, x.seed, starts=x.starts) for x in r]
+
+
+def _long_decode() -> list[Recipe]:
+    """Decode batches of `LONG_BATCHES` scored by V3.2's indexer, lengths 1K to the width, each with a
+    normal twin of the same seed (the same rows); edge rows (lengths 0, 1, next_n, around k, 128K, the
+    width) with normal values; then the flooded rows of `stress` at this width, and `LONG_FLOOD`."""
+    s, w, v32 = "long-decode", LONG_WIDTH, IndexerModel.of("deepseek-v3.2")
+    r: list[Recipe] = [_indexer_decode_recipe("v32", v32, b, n, 1100 + i, "long", s, w, k)
+                       for i, (b, n, k) in enumerate(LONG_BATCHES)]
+    r += [_decode_recipe(s, "ctl", "normal", x.batch, x.next_n, x.top_k, x.seed, x.seq_lens, w)
+          for x in r if isinstance(x, DecodeRecipe)]
+    r += [_decode_recipe(s, "edges", "normal", 64, n, k, 1120 + i, "edges", w)
+          for i, (n, k) in enumerate(((2, 2048), (2, 1024), (1, 512)))]
+    return r + _flood(s, w, 1150, (LONG_FLOOD,))
 
 
 SUITES: dict[str, list[Recipe]] = {
@@ -277,6 +321,8 @@ SUITES: dict[str, list[Recipe]] = {
     "decode-bf16": [replace(r, suite="decode-bf16", dtype="bfloat16") for r in _decode()],
     "indexer": _indexer(),
     "indexer-decode": _indexer_decode(),
+    "long": _long(),
+    "long-decode": _long_decode(),
 }
 
 
@@ -337,8 +383,8 @@ def decode_facts(recipe: DecodeRecipe) -> DecodeFacts:
     distribution ablation shares them) and the facts vLLM would pass."""
     batch, n, div = recipe.batch, recipe.next_n, recipe.width_divisor
     if recipe.seq_lens in ("mixed", "long"):
-        # Log-uniform in [SEQ_MIN, top], both ends pinned; long: up to the whole width (1K-160K).
-        top = SEQ_MAX if recipe.seq_lens == "mixed" else MAX_MODEL_LEN
+        # Log-uniform in [SEQ_MIN, top], both ends pinned; long: up to the whole (full-scale) width.
+        top = SEQ_MAX if recipe.seq_lens == "mixed" else recipe.cols * div
         u = np.random.default_rng([recipe.seed, 1]).random(batch)
         lens = np.exp(np.log(SEQ_MIN) + u * (np.log(top) - np.log(SEQ_MIN))).astype(np.int64)
         lens[0] = top
@@ -380,28 +426,23 @@ def _distribution(name: str, rng: np.random.Generator, n: int) -> np.ndarray:
     raise ValueError(f"unknown distribution {name!r}")
 
 
-def indexer_values(recipe: IndexerRecipe | IndexerDecodeRecipe, ends: np.ndarray) -> np.ndarray:
-    """The ragged float32 scores of an indexer recipe's rows (every row starts at 0)."""
+def indexer_values(recipe: IndexerRecipe | IndexerDecodeRecipe, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The ragged float32 scores of an indexer recipe's rows: a prefill chunk's rows over one text with a
+    document at each of their starts, or a decode batch's requests as windows of one text."""
     ix = Indexer(recipe.indexer, recipe.seed)
     rng = np.random.default_rng([recipe.seed, 5])
-    ends = ends.astype(np.int64)
+    if not isinstance(recipe, IndexerDecodeRecipe):
+        return ix.ragged(recipe.cols, starts, ends, rng)
+    # Requests are windows of one text as long as the width, each at its own offset.
+    per = ends.astype(np.int64).reshape(-1, recipe.next_n)
+    length = per.max(1)
+    offsets = (np.random.default_rng([recipe.seed, 7]).random(length.shape[0])
+               * (recipe.cols - length + 1)).astype(np.int64)
+    text = ix.text(recipe.cols, offsets)
     out: list[np.ndarray] = []
-    if isinstance(recipe, IndexerDecodeRecipe):
-        # Requests are windows of one text as long as the width, each at its own offset.
-        per = ends.reshape(-1, recipe.next_n)
-        length = per.max(1)
-        offsets = (np.random.default_rng([recipe.seed, 7]).random(length.shape[0])
-                   * (recipe.cols - length + 1)).astype(np.int64)
-        text = ix.text(recipe.cols, offsets)
-        for o, n, row_ends in zip(offsets.tolist(), length.tolist(), per, strict=True):
-            if n == 0:
-                continue
+    for o, n, row_ends in zip(offsets.tolist(), length.tolist(), per, strict=True):
+        if n:
             out += ix.rows(text, o, o + np.maximum(row_ends, 1) - 1, row_ends, rng)
-    else:
-        text = ix.text(recipe.cols, np.zeros(1, dtype=np.int64))
-        for b in range(0, recipe.rows, 16):
-            block = ends[b:b + 16]
-            out += ix.rows(text, 0, np.maximum(block, 1) - 1, block, rng)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
 
@@ -424,7 +465,7 @@ def generate(recipe: Recipe) -> Case:
     starts, ends = bounds(recipe)
     total = int((ends.astype(np.int64) - starts).sum())
     if isinstance(recipe, IndexerRecipe | IndexerDecodeRecipe):
-        values = indexer_values(recipe, ends)
+        values = indexer_values(recipe, starts, ends)
     elif isinstance(recipe, FloodRecipe):
         values = flood_values(recipe, ends.astype(np.int64) - starts)
     else:
