@@ -202,24 +202,25 @@ class EngineCapture:
                 return
             if not self.steps.complete:
                 self.steps.install()
+            path, uncapturable = site.classify(frame)
             if self.steps.in_dummy_step or (not self.steps.in_step and self._warmup(frame)):
-                self._count(site, WARMUP)  # a real step's calls are no dummy run's: no walk up the stack
+                self._count(path, WARMUP)  # a real step's calls are no dummy run's: no walk up the stack
                 return
-            if site.uncapturable is not None:
-                self._count(site, NOT_CAPTURABLE, site.uncapturable)
+            if uncapturable is not None:
+                self._count(path, NOT_CAPTURABLE, uncapturable)
                 return
             call = site.read(args, kwargs, result, frame)
             if call is None:
-                self._count(site, NOT_CAPTURABLE, "a caller or arguments this plugin does not read")
+                self._count(path, NOT_CAPTURABLE, "a caller or arguments this plugin does not read")
                 return
             rows, width = (int(n) for n in call.matrix.shape)
             self.steps.count(call.layer.index, width, rows, str(call.matrix.dtype).removeprefix("torch."),
                              str(call.attrs.get("kind", "prefill")))
             if self.selection.exhausted() or not self._rank_wanted(call.shard is not None):
-                self._count(site, SKIPPED)
+                self._count(path, SKIPPED)
                 return
             if not self.selection.wants(call.layer.index, width, decode_rows(call.attrs.get("kind"), rows)):
-                self._count(site, SKIPPED)
+                self._count(path, SKIPPED)
                 return
             writer = self._writer()
             attrs = {**self.provenance, **self.model_facts(), **call.attrs, "index_source": site.source,
@@ -231,7 +232,7 @@ class EngineCapture:
                                    row_stride=call.row_stride, layer_index=call.layer.index,
                                    layer_name=call.layer.name, requests=call.requests, attrs=attrs,
                                    key_offsets=call.key_offsets, extras=call.extras, finish=call.finish)
-            self._count(site, CAPTURED if staged else SKIPPED)
+            self._count(path, CAPTURED if staged else SKIPPED)
             if staged and call.shard is not None:
                 self._sharded_cases += 1
                 writer.note("tensor_parallel", {
@@ -247,11 +248,11 @@ class EngineCapture:
         stack is one of the engine's dummy runs."""
         return (self.steps_only and self.steps.complete) or self.in_warmup(frame)
 
-    def _count(self, site: Site, outcome: str, reason: str | None = None) -> None:
+    def _count(self, path: str, outcome: str, reason: str | None = None) -> None:
         """One top-k call the plugin saw, by path and outcome, for the run summary (`calls_by_path`)."""
-        self.paths[(site.path, outcome)] += 1
+        self.paths[(path, outcome)] += 1
         if reason is not None:
-            self.reasons.setdefault(site.path, reason)
+            self.reasons.setdefault(path, reason)
 
     def calls_by_path(self) -> dict[str, Any]:
         """The run summary's count of every top-k call seen: per path, captured, skipped (by the policy,

@@ -1,4 +1,5 @@
-"""SGLang serving plugin: capture the logits that SGLang 0.5.23's DSA indexer hands to its top-k.
+"""SGLang serving plugin: capture the logits that SGLang's DSA indexer hands to its top-k (the releases it
+knows and what it reads in each: `sglang_versions`; 0.5.23, the current release).
 
 SGLang runs the callables of the `sglang.srt.plugins` entry point group in every process it starts
 (`sglang.srt.plugins.load_plugins`: the engine, the data-parallel controller, the detokenizer, and each
@@ -22,7 +23,8 @@ What SGLang adds:
   calls are neither captured nor counted; the run summary counts those steps (`cuda_graph.replayed_steps`).
   Decode is captured where it runs eagerly: `--cuda-graph-backend-decode=disabled`, or batches larger
   than `--cuda-graph-max-bs-decode`. Nothing is staged while a graph is captured, nor in the runners'
-  warm-up and dummy runs (SGLang's capture mode, `get_is_capture_mode()`, and the functions in `_WARMUP_FUNCTIONS`).
+  warm-up and dummy runs (SGLang's capture mode, `get_is_capture_mode()`, and the release's
+  `warmup_functions`).
   Piecewise prefill graphs run the indexer as a split op, eagerly, so prefill is captured there too.
 - Ranks. Attention tensor-parallel ranks of one data-parallel group score the same rows; with DP attention
   (`--attn-dp-size N`) each group scores its own requests. `auto` (the default) captures on each
@@ -31,6 +33,12 @@ What SGLang adds:
   the row window of a chunked prefill call (`row_window`, rows [start, end) of the forward).
 - The layer. SGLang's `Indexer` keeps its `layer_id` and no name: the name is its module path in the model
   (`model.layers.N.self_attn.indexer`), looked up once per model.
+- Never silent. Every `topk_transform` call is counted in the run summary's `calls_by_path` by its path
+  (`decode`, `target_verify`, `draft_extend`, `extend`; `k_only`, SGLang's path for batches whose longest
+  sequence is at most index_topk, which runs the top-k on dummy zeros and so holds no logits; `other`, a
+  caller the plugin does not read) and outcome: captured, skipped (policy, budgets, ranks), warm-up, not
+  capturable (with why). A release not in `sglang_versions` wraps nothing and says so, once in the server
+  log and in the run summary (`engine_unsupported`).
 - The fused transform. What `topk_transform` returns is page-table slots or offset positions; the case
   records the call SGLang made, its page table or offsets (`attrs["transform"]`), and the reference
   indices mapped back to row-local ones.
@@ -46,55 +54,72 @@ from typing import Any
 
 import torch
 
-from logitreplay.capture import serving
+from logitreplay.capture import serving, sglang_sites
 from logitreplay.capture.serving import AUTO, ENV_DIR, EngineCapture, recorded_model
-from logitreplay.capture.sglang_sites import SITE
-from logitreplay.capture.sites import Call
-from logitreplay.capture.steps import Runner
+from logitreplay.capture.sglang_versions import LATEST, Release, release, unsupported
+from logitreplay.capture.sites import Call, Site
+from logitreplay.capture.steps import Runner, Steps
 
 log = logging.getLogger("logitreplay.capture")
 
-MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
-CAPTURE_MODE = "sglang.srt.model_executor.runner_utils.capture_mode"
-# The runners' warm-up and graph-capture runs (base_runner, decode/prefill CUDA-graph runners).
-_WARMUP_FUNCTIONS = frozenset({"_dummy_run", "_warmup", "warmup", "capture_one_shape", "_run_dummy_forward"})
-
 
 def register() -> None:
-    """The `sglang.srt.plugins` entry point. Never raises: a broken capture must not stop a server."""
+    """The `sglang.srt.plugins` entry point. Never raises: a broken capture must not stop a server. A
+    release the plugin does not know (`sglang_versions`) is refused: one line in the log and the summary."""
     directory = os.environ.get(ENV_DIR)
     if not directory or serving._active is not None:
         return
     try:
         import sglang
 
-        SglangCapture.from_env(directory, "sglang", getattr(sglang, "__version__", None)).install()
+        version = getattr(sglang, "__version__", None)
+        capture = SglangCapture.from_env(directory, "sglang", version)
+        assert isinstance(capture, SglangCapture)
+        capture.release = release(version)
+        if capture.release is None:
+            capture.refuse(unsupported(version))
+        else:
+            capture.install()
     except Exception as e:
         log.error("logitreplay capture not enabled: %s: %s", type(e).__name__, e)
 
 
-def _capture_mode() -> bool:
+def _capture_mode(module_name: str) -> bool:
     """SGLang's capture mode: on while a runner warms up and captures its graphs (eager runs included)."""
-    module = sys.modules.get(CAPTURE_MODE)  # not imported yet: no runner has captured anything
+    module = sys.modules.get(module_name)  # not imported yet: no runner has captured anything
     try:
         return module is not None and bool(module.get_is_capture_mode())
     except Exception:
         return False
 
 
-SGLANG = Runner("sglang", (MODEL_RUNNER,), "ModelRunner", "forward", lambda args, kwargs: _capture_mode(),
-                lambda result: bool(getattr(result, "can_run_graph", False)))
+def _runner(r: Release) -> Runner:
+    """SGLang's step: `ModelRunner.forward`; a run in capture mode is a dummy run, an output with
+    `can_run_graph` a replayed decode graph."""
+    return Runner("sglang", (r.runner_module,), "ModelRunner", "forward",
+                  lambda args, kwargs: _capture_mode(r.capture_mode_module),
+                  lambda result: bool(getattr(result, "can_run_graph", False)))
 
 
 class SglangCapture(EngineCapture):
-    """The shared capture with SGLang's site, step, warm-up runs, ranks and model facts."""
+    """The shared capture with SGLang's site, step, warm-up runs, ranks and model facts, all from the
+    release (`sglang_versions`)."""
 
-    sites = (SITE,)
-    runner = SGLANG
-    warmup_functions = _WARMUP_FUNCTIONS
+    release: Release | None = LATEST
+    runner = _runner(LATEST)
+    warmup_functions = LATEST.warmup_functions
+
+    def install(self, sites: tuple[Site, ...] | None = None) -> int:
+        if self.release is None:
+            raise RuntimeError("no SGLang release to capture from (refuse() says why)")
+        self.sites = (sglang_sites.site(self.release),)
+        self.warmup_functions = self.release.warmup_functions
+        if self.steps.runner.modules != (self.release.runner_module,):
+            self.steps = Steps(_runner(self.release))
+        return super().install(sites)
 
     def in_warmup(self, frame: Any) -> bool:
-        return _capture_mode() or super().in_warmup(frame)
+        return _capture_mode((self.release or LATEST).capture_mode_module) or super().in_warmup(frame)
 
     def model_facts(self) -> dict[str, Any]:
         return _model_facts()
@@ -168,4 +193,4 @@ def _server_model() -> tuple[str, str | None]:
     return str(args.model_path), getattr(args, "revision", None)
 
 
-__all__ = ["SGLANG", "SglangCapture", "register"]
+__all__ = ["SglangCapture", "register"]

@@ -1,4 +1,5 @@
-"""The SGLang 0.5.23 call site the capture plugin intercepts, and how one call is read.
+"""The SGLang call site the capture plugin intercepts, and how one call is read (the release's facts:
+`sglang_versions`).
 
 SGLang's DSA indexer (`sglang/srt/layers/attention/dsa/dsa_indexer.py`, class `Indexer`; DeepSeek V3.2 and
 GLM-5) selects with `metadata.topk_transform(logits, self.index_topk, ...)`, where `metadata` is the
@@ -28,6 +29,7 @@ Everything on the model's thread reads host facts and enqueues device copies onl
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import sys
@@ -40,16 +42,13 @@ import numpy as np
 import torch
 
 from logitreplay.capture.frames import Layer
+from logitreplay.capture.sglang_versions import Release
 from logitreplay.capture.sites import Call, Site
 from logitreplay.capture.writer import Finish, runs
 
-METADATA_MODULE = "sglang.srt.layers.attention.dsa.dsa_indexer_metadata"
-BACKEND_MODULE = "sglang.srt.layers.attention.dsa.dsa_topk_backend"
-METADATA_CLASS = "DSAIndexerMetadata"
-TRANSFORM = "topk_transform"
-PAGED_CALLER, RAGGED_CALLER = "_get_topk_paged", "_get_topk_ragged"
-# `DSAIndexerMetadata.topk_transform`'s parameters after self, in order
-_PARAMS = ("logits", "topk", "ks", "cu_seqlens_q", "ke_offset", "batch_idx_list", "topk_indices_offset_override")
+_PAGED_PATHS = {"DECODE": "decode", "TARGET_VERIFY": "target_verify", "DRAFT_EXTEND_V2": "draft_extend"}
+K_ONLY = ("no logits: when no sequence is longer than index_topk every key is selected, and SGLang's K-only "
+          "path runs the top-k on dummy zeros")
 _UNFUSED = {"sgl-kernel": "sgl_kernel.fast_topk_v2", "torch": "torch.topk", "flashinfer": "flashinfer.top_k"}
 _DEPTH = 64  # from the indexer's frame up to the causal LM's forward
 
@@ -66,17 +65,41 @@ class Transform:
     extras: dict[str, torch.Tensor] | None = None
 
 
-def targets() -> list[Any]:
-    return [getattr(importlib.import_module(METADATA_MODULE), METADATA_CLASS)]
+def site(release: Release) -> Site:
+    """The release's top-k entry, `DSAIndexerMetadata.topk_transform`, as a site: its calls read with the
+    release's facts and counted by path (`paths`)."""
+    return Site(release.transform, functools.partial(targets, release), functools.partial(read, release),
+                f"input of SGLang {release.metadata_class}.{release.transform}",
+                paths=functools.partial(paths, release))
 
 
-def read(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, frame: FrameType | None) -> Call | None:
+def targets(release: Release) -> list[Any]:
+    return [getattr(importlib.import_module(release.metadata_module), release.metadata_class)]
+
+
+def paths(release: Release, frame: FrameType | None) -> tuple[str, str | None]:
+    """The path of a call, from its caller: `decode`, `target_verify`, `draft_extend` (the indexer's paged
+    top-k, by forward mode), `extend` (ragged), or one that holds nothing to capture, and why."""
+    caller = frame.f_code.co_name if frame is not None else None
+    if caller == release.paged_caller:
+        mode = getattr(getattr(frame.f_locals.get("forward_batch"), "forward_mode", None), "name", None)  # type: ignore[union-attr]
+        return _PAGED_PATHS.get(mode or "", "decode"), None
+    if caller == release.ragged_caller:
+        return "extend", None
+    if caller == release.k_only_caller:
+        return "k_only", K_ONLY
+    return "other", f"called by {caller or 'an unknown caller'}, not by the indexer's top-k paths"
+
+
+def read(release: Release, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+         frame: FrameType | None) -> Call | None:
     """`DSAIndexerMetadata.topk_transform(self, logits, topk, ks=None, cu_seqlens_q=None, ke_offset=None,
     batch_idx_list=None, topk_indices_offset_override=None)` called by `Indexer._get_topk_paged` or
-    `_get_topk_ragged` (any other caller, e.g. the K-only dummy logits, is not captured)."""
-    if frame is None or frame.f_code.co_name not in (PAGED_CALLER, RAGGED_CALLER) or not args:
+    `_get_topk_ragged` (`paths` counts every other caller as not capturable)."""
+    paged_caller, ragged_caller = release.paged_caller, release.ragged_caller
+    if frame is None or frame.f_code.co_name not in (paged_caller, ragged_caller) or not args:
         return None
-    metadata, given = args[0], dict(zip(_PARAMS, args[1:], strict=False))
+    metadata, given = args[0], dict(zip(release.params, args[1:], strict=False))
     given.update(kwargs)
     logits, top_k = given["logits"], int(given["topk"])
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not isinstance(result, torch.Tensor):
@@ -89,12 +112,12 @@ def read(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, frame: Fram
     ends = starts + lengths
     local = frame.f_locals
     indexer, batch = local.get("self"), local.get("forward_batch")
-    transform = resolve(metadata, logits, top_k, given)
+    transform = resolve(release, metadata, logits, top_k, given)
     backend = getattr(metadata.topk_backend, "value", str(metadata.topk_backend))
     layer = calling_layer(frame, indexer)
     mode = getattr(getattr(batch, "forward_mode", None), "name", None)
     attrs: dict[str, Any] = {
-        **layer.attrs(), "logits_kind": "paged_mqa_logits" if frame.f_code.co_name == PAGED_CALLER else "mqa_logits",
+        **layer.attrs(), "logits_kind": "paged_mqa_logits" if frame.f_code.co_name == paged_caller else "mqa_logits",
         "topk_backend": backend, "topk_transform": transform.call,
         "sglang": {"caller": f"Indexer.{frame.f_code.co_name}", "forward_mode": mode,
                    "method": getattr(metadata.topk_transform_method, "name", None),
@@ -102,7 +125,7 @@ def read(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, frame: Fram
                    "page_size": int(am.page_size), "output": transform.output},
         "reference_source": f"indices written by SGLang {transform.call}, mapped back to row-local indices"}
     finish = _finish(transform, top_k)
-    if frame.f_code.co_name == PAGED_CALLER:
+    if frame.f_code.co_name == paged_caller:
         next_n, batch_size = _int(local.get("next_n")), _int(local.get("B"))
         if mode in ("DECODE", "TARGET_VERIFY") and next_n and batch_size and batch_size * next_n == rows:
             attrs.update(kind="decode", chunk={}, decode={
@@ -123,10 +146,10 @@ def read(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, frame: Fram
                 extras=transform.extras, finish=finish)
 
 
-def resolve(metadata: Any, logits: torch.Tensor, top_k: int, given: dict[str, Any]) -> Transform:
-    """The kernel `DSATopKBackend.topk_transform` calls for these arguments (its 0.5.23 dispatch, from
-    shapes and switches only) and the tables its output refers to."""
-    module = sys.modules[BACKEND_MODULE]
+def resolve(release: Release, metadata: Any, logits: torch.Tensor, top_k: int, given: dict[str, Any]) -> Transform:
+    """The kernel `DSATopKBackend.topk_transform` calls for these arguments (its dispatch, from shapes and
+    switches only) and the tables its output refers to."""
+    module = sys.modules[release.backend_module]
     backend, am = metadata.topk_backend, metadata.attn_metadata
     ks, batch_idx = given.get("ks"), given.get("batch_idx_list")
     lengths = given.get("ke_offset")
@@ -141,7 +164,7 @@ def resolve(metadata: Any, logits: torch.Tensor, top_k: int, given: dict[str, An
         offsets, cu_q = am.topk_indices_offset, am.cu_seqlens_q
     paged = metadata.topk_transform_method == module.TopkTransformMethod.PAGED
     rows = int(logits.shape[0])
-    v2 = backend.should_use_topk_v2() and 0 < top_k <= 2048 and batch_idx is None
+    v2 = backend.should_use_topk_v2() and 0 < top_k <= release.v2_max_topk and batch_idx is None
     if v2 and paged and ks is None and lengths.shape[0] == rows == am.real_page_table.shape[0]:
         return Transform("topk_transform_paged_v2", "paged", int(am.page_size), {"page_table": am.real_page_table})
     if v2 and not paged and offsets is not None and lengths.shape[0] == rows == offsets.shape[0]:
@@ -276,7 +299,4 @@ def _int(v: Any) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-SITE = Site(TRANSFORM, targets, read, f"input of SGLang {METADATA_CLASS}.{TRANSFORM}")
-
-__all__ = ["PAGED_CALLER", "RAGGED_CALLER", "SITE", "TRANSFORM", "Transform", "calling_layer", "read", "resolve",
-           "targets"]
+__all__ = ["K_ONLY", "Transform", "calling_layer", "paths", "read", "resolve", "site", "targets"]

@@ -54,6 +54,13 @@ class Site:
     # Why no call of this site can be captured (a kernel that builds no logits), or None: its calls are
     # counted as not capturable, with this reason, and never read.
     uncapturable: str | None = None
+    # For a site whose calls take several paths (SGLang's one top-k entry serves decode, prefill and a
+    # path that builds no logits): (path, why not capturable or None) from the caller's frame.
+    paths: Callable[[FrameType | None], tuple[str, str | None]] | None = None
+
+    def classify(self, frame: FrameType | None) -> tuple[str, str | None]:
+        """The path a call is counted under and, where its calls hold nothing to capture, why."""
+        return self.paths(frame) if self.paths is not None else (self.path, self.uncapturable)
 
 
 __all__ = ["Call", "Site"]
