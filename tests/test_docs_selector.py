@@ -1,13 +1,15 @@
 """The README's "Writing a selector" example is a working plugin: the very file it shows is saved as
 `mytopk.py` and replayed with the README's command line, and it verifies on every case, declines with
 its reasons where it says it will, and a plugin that returns True from `supports` is reported as the bug
-it is."""
+it is. The README's "Python API" example runs as printed, as a script beside that plugin."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -110,3 +112,21 @@ def test_a_selector_without_a_string_name_is_refused(tmp_path: Path, monkeypatch
 
     with pytest.raises(SelectorError, match="name must be a non-empty string"):
         build("noname:make")
+
+
+@pytest.mark.slow
+def test_the_readme_python_api_example_runs_as_printed_beside_the_plugin(tmp_path: Path) -> None:
+    code, _ = readme_example()
+    (tmp_path / "mytopk.py").write_text(code)
+    (api,) = re.findall(r"```python\n(.*?)```", _section((ROOT / "README.md").read_text(), "Python API"), re.S)
+    (tmp_path / "api.py").write_text(api)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    ran = subprocess.run([sys.executable, "api.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    printed = [line.split(" ", 1) for line in ran.stdout.splitlines()]
+    assert [case_id for case_id, _ in printed] == ["a-normal-c1024-r512-k512", "a-normal-c6400-r512-k512",
+                                                   "a-normal-c12800-r512-k512"]
+    assert all("('mytopk', 'ok'," in results for _, results in printed), ran.stdout
+    merged = json.loads((tmp_path / "seed-controls.json").read_text())
+    assert [c["case_id"] for c in merged["cases"]] == [case_id for case_id, _ in printed]

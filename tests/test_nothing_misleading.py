@@ -6,8 +6,10 @@ points (help within 80 columns, options named in their errors, the plot, `merge`
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -246,3 +248,33 @@ def test_the_shell_completes_selector_names_and_case_ids(archive: str) -> None:
     assert "deepselect" in _complete("logitreplay replay --baseline d")
     assert _complete(f"logitreplay replay {archive} --case run") == ["run-00001-L00-w64", "run-00001-L00"]
     assert _complete("logitreplay inspect nowhere.zarr --case a") == []  # nothing to offer, no error
+
+
+# -- finding 8: --per-forward on a CPU
+
+
+def _forwards(timer: str, share: float | None, note: str | None = None) -> Any:
+    from logitreplay.replay.per_forward import ArchiveForwards, SelectorTotal
+
+    return ArchiveForwards("cap.zarr", 2, forwards=3, calls=6, covered_calls=6, exact_width_calls=6,
+                           forward_us=2000.0, timer=timer, share_note=note,
+                           totals=[SelectorTotal("native", 6266.0, share)])
+
+
+def test_per_forward_on_a_cpu_keeps_one_unit_and_explains_shares_over_100_percent() -> None:
+    from rich.console import Console
+
+    from logitreplay.cli.decisions import print_per_forward
+
+    console = Console(record=True, width=200)
+    print_per_forward([_forwards("wall", 3.133)], None, console, "cpu")
+    text = console.export_text()
+    assert "forward 2.0 ms (wall)" in text and not re.search(r"\d us\b", text), text
+    assert "313.3%" in text and "share above 100%: the selector's calls take longer" in text
+
+
+def test_a_forward_timed_on_a_gpu_gives_no_share_against_a_cpu_replay() -> None:
+    from logitreplay.replay.per_forward import _no_share
+
+    assert _no_share("cuda-events", "cuda:0") is None and _no_share("wall", "cpu") is None
+    assert "timed on a GPU (cuda-events), this replay ran on cpu" in str(_no_share("cuda-events", "cpu"))

@@ -101,7 +101,8 @@ def print_per_forward(totals: Sequence[ArchiveForwards], suite: str | None, cons
         if a.no_records:
             print_lines(console, wrap(f"per forward, {a.location}: {a.no_records}"))
             continue
-        wall = "no forward time recorded" if a.forward_us is None else f"forward {a.forward_us:.1f} us ({a.timer})"
+        wall = ("no forward time recorded" if a.forward_us is None else
+                f"forward {number(a.forward_us / scale)} {name_of_unit} ({a.timer})")
         columns = [Column("selector"), Column(f"top-k {name_of_unit}/forward", right=True), Column("share", right=True),
                    Column("calls untimed", right=True)]
         cells = [[s.selector, _time(s.topk_us_per_forward, scale),
@@ -112,6 +113,12 @@ def print_per_forward(totals: Sequence[ArchiveForwards], suite: str | None, cons
                     + wrap(f"{a.covered_calls} of {a.calls} calls stood for by a replayed case of their layer "
                            f"({a.exact_width_calls} at exactly their width, the rest at the nearest); share: of "
                            "the forward; calls untimed: calls without a time"))
+        if a.share_note:
+            print_lines(console, wrap(f"share: {a.share_note}"))
+        if any(s.share_of_forward is not None and s.share_of_forward > 1 for s in a.totals):
+            print_lines(console, wrap("share above 100%: the selector's calls take longer than the whole recorded "
+                                      "forward took" + (" (the CPU models of the bundled kernels are far slower "
+                                                        "than the top-k the forward ran)" if device.startswith("cpu") else "")))
         if a.uncovered:
             print_lines(console, wrap("  uncovered calls (no replayed case of their layer): " + "; ".join(
                 f"layer {u['layer']} width {u['width']} rows {u['rows']} {u['kind']} x{u['calls']}"

@@ -10,6 +10,12 @@ without call records (a synthetic suite, an import, an older capture) is reporte
 
 The estimate assumes a call costs what the nearest stored case of its layer costs; `exact_width_calls`
 says how many calls had a case of exactly their width, and the rows of a call may differ from its case's.
+
+A share compares the replay's times with the capture's forward, so it is given only where both ran on
+the same kind of device (a forward timed by CUDA events against a CUDA replay, a wall-clock forward of a
+CPU run against a CPU replay); otherwise `share_note` says why there is none. A share above 100% is
+possible, and means what it says: the selector's calls take longer than the whole recorded forward
+took (the CPU models of the bundled kernels are much slower than the top-k a CPU forward runs).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class ArchiveForwards:
     exact_width_calls: int = 0
     forward_us: float | None = None  # mean recorded time of a forward (None: the engine gave none)
     timer: str | None = None
+    share_note: str | None = None  # why the totals have no share of the forward
     totals: list[SelectorTotal] = field(default_factory=list)
     uncovered: list[dict[str, Any]] = field(default_factory=list)  # (layer, width, rows, dtype, kind) + calls
     stood_for: dict[str, int] = field(default_factory=dict)  # case id -> calls it stands for
@@ -104,14 +111,25 @@ def _archive_forwards(result: ReplayResult, archive: Archive, by_id: dict[str, C
                     untimed[selector] += call.count
                 else:
                     sums[selector] += call.count * timing.median_us
+    out.share_note = _no_share(out.timer, result.device) if out.forward_us else None
     for selector in result.selectors:
         per = None if untimed[selector] else sums[selector] / len(forwards)
-        share = None if per is None or not out.forward_us else per / out.forward_us
+        share = None if per is None or not out.forward_us or out.share_note else per / out.forward_us
         out.totals.append(SelectorTotal(selector, per, share, untimed[selector]))
     out.uncovered = [{"layer": k[0], "width": k[1], "rows": k[2], "dtype": k[3], "kind": k[4], "calls": n}
                      for k, n in sorted(uncovered.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))]
     out.stood_for = dict(stood_for)
     return out
+
+
+def _no_share(timer: str | None, device: str) -> str | None:
+    """Why a forward timed by `timer` cannot be set against a replay on `device`, or None when it can."""
+    forward_on_gpu, replay_on_gpu = timer == "cuda-events", device.split(":")[0] == "cuda"
+    if forward_on_gpu == replay_on_gpu:
+        return None
+    return (f"the forward was timed on a GPU ({timer}), this replay ran on {device}: no share of the forward"
+            if forward_on_gpu else f"the forward was timed on a CPU ({timer}), this replay ran on {device}: no "
+            "share of the forward")
 
 
 def _nearest(cases: list[CaseResult], call: CallCount) -> CaseResult | None:
