@@ -80,7 +80,9 @@ def test_a_multi_request_chunk_scores_each_request_as_a_document_of_its_own() ->
     assert np.mean(above) > 0.5
 
 
-def _edge_case(dtype: torch.dtype, stride: int | None) -> Case:
+def edge_case(dtype: torch.dtype, stride: int | None) -> Case:
+    """Rows that end at the 2^20th column, start one or k from it, hold nothing, or lie in the middle
+    (also tests/gpu/test_gpu_long.py's)."""
     k, w = 2048, WIDTH
     bounds = [(0, w), (w - 1, w), (w - k, w), (w - k - 1, w), (w, w), (w // 2, w // 2 + k - 1), (12345, w)]
     starts = np.array([s for s, _ in bounds], dtype=np.int32)
@@ -92,18 +94,21 @@ def _edge_case(dtype: torch.dtype, stride: int | None) -> Case:
 @pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "stride"), [(torch.float32, None), (torch.bfloat16, synth._deepgemm_stride(WIDTH))])
 def test_cpu_models_select_exactly_at_2_20_columns(dtype: torch.dtype, stride: int | None) -> None:
-    """Rows that end at the 2^20th column, start one or k from it, hold nothing, or lie in the middle;
-    NaN in every cell outside the bounds (a read past them fails the check)."""
-    _verify(_edge_case(dtype, stride), poison=float("nan"))
+    """`edge_case`, NaN in every cell outside the bounds (a read past them fails the check)."""
+    _verify(edge_case(dtype, stride), poison=float("nan"))
 
 
 @pytest.mark.slow
 def test_cpu_models_select_decode_rows_shorter_than_next_n_at_2_20_columns() -> None:
-    """An MTP batch (next_n 2) whose requests hold 0, 1, next_n, around k and all 2^20 tokens: rows of 0
-    and 1 elements, shorter than next_n and than k, get -1 tails."""
-    r = synth._decode_recipe("t", "edges", "normal", 9, 2, 2048, 3, "edges", WIDTH)
-    case = synth.generate(r)
+    """`short_decode_case`: rows of 0 and 1 elements, shorter than next_n and than k, get -1 tails."""
+    case = short_decode_case()
     assert case.decode is not None and case.decode.next_n == 2
     ends = case.row_ends
     assert ends[:4].tolist() == [0, 0, 0, 1] and ends.max() == WIDTH  # requests of 0 and 1 tokens
     _verify(case)
+
+
+def short_decode_case() -> Case:
+    """An MTP batch (next_n 2) of a 2^20-wide matrix whose requests hold 0, 1, next_n, around k and all
+    2^20 tokens (also tests/gpu/test_gpu_long.py's)."""
+    return synth.generate(synth._decode_recipe("t", "edges", "normal", 9, 2, 2048, 3, "edges", WIDTH))
