@@ -116,3 +116,30 @@ def make_lingers() -> _Lingers:
 
 def make_unreapable() -> _Dying:
     return _Dying("unreapable", _unreapable)
+
+
+STALL_MARKER = "LR_TEST_STALL_MARKER"  # the file `stalls` creates when it starts stalling (once per marker)
+STALL_CASE = "LR_TEST_STALL_CASE"  # the id of the case it stalls on
+
+
+class _Stalls(ReferenceSelector):
+    """The reference selection, except on the case `STALL_CASE` names while no `STALL_MARKER` file exists:
+    there it creates the file and sleeps, so that a test can interrupt a run with a known part finished."""
+
+    name = "stalls"
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        self._case = case.case_id
+        return None
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        marker = os.environ.get(STALL_MARKER)
+        if marker and self._case == os.environ.get(STALL_CASE) and not os.path.exists(marker):
+            open(marker, "w").close()
+            threading.Event().wait(600)
+        return super().prepare(logits, row_starts, row_ends, top_k, out)
+
+
+def make_stalls() -> _Stalls:
+    return _Stalls()

@@ -6,10 +6,13 @@ and prints."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -17,14 +20,15 @@ from rich.console import Console
 from logitreplay.cli import decisions
 from logitreplay.cli.common import STDOUT, check_json_target, json_option, progress, user_errors
 from logitreplay.cli.names import complete_case_ids, complete_selectors
-from logitreplay.cli.report import check_outputs, console_for, verdict, write_files
+from logitreplay.cli.report import check_outputs, console_for, read_report, verdict, write_files
 from logitreplay.datasets import synth
 from logitreplay.replay import ReplayConfig, ReplayResult, TimingProtocol, report, run_replay, write_json
 from logitreplay.replay.distributed import in_rank, start, supervising
 from logitreplay.replay.distributed import replay as replay_rank
 from logitreplay.replay.protocol import CPU_ROUNDS, CPU_WARMUP
 from logitreplay.replay.results import validate
-from logitreplay.replay.run import DEFAULT_SELECTORS, default_device, resolve
+from logitreplay.replay.resume import resume_replay
+from logitreplay.replay.run import DEFAULT_SELECTORS, ReplayInterrupted, default_device, resolve
 from logitreplay.selectors.auto import RULE_ENV, DispatchRule
 
 __all__ = ["default_device", "replay_cmd"]
@@ -111,6 +115,57 @@ def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, pl
     write_files(result, csv_path, plot_path, err=json_out == STDOUT)
 
 
+# The options --resume takes from the report's recorded configuration (the outputs it may be given anew).
+_RUN_OPTIONS = ("locations", "suite", "scale", "names", "specs", "baseline", "case_globs", "case_regex", "device",
+                "warmup", "rounds", "timer", "l2", "poison", "recommend", "isolate", "timeout_s", "controls",
+                "per_forward", "rule_out", "rule_path", "devices")
+
+
+def _interrupted(stop: ReplayInterrupted, json_out: str | None, csv_path: Path | None, plot_path: Path | None,
+                 wide: bool) -> NoReturn:
+    """Print and write what an interrupted run finished, marked partial, and exit as the signal asks
+    (130 for SIGINT, 143 for SIGTERM)."""
+    logging.getLogger("asyncio").disabled = True  # zarr's pending I/O tasks would each log at exit
+    result = stop.run.result
+    if not result.cases:
+        click.echo(f"interrupted ({stop.signal}) before any case had finished: no report written", err=True)
+        raise click.exceptions.Exit(128 + signal.Signals[stop.signal].value)
+    if result.partial is not None:
+        result.partial["outputs"] = {k: str(v) for k, v in (("json", json_out), ("csv", csv_path),
+                                                            ("plot", plot_path)) if v is not None and v != STDOUT}
+    report.print_report(result, console_for(stderr=json_out == STDOUT), wide)
+    _write(result, json_out, csv_path, plot_path)
+    raise click.exceptions.Exit(128 + signal.Signals[stop.signal].value)
+
+
+def _resume(path: Path, json_out: str | None, csv_path: Path | None, plot_path: Path | None, wide: bool,
+            strict: bool) -> None:
+    """`replay --resume R.json`: the run R.json records, finished (resume.py), written where it was."""
+    ctx = click.get_current_context()
+    given = [p.opts[0] if p.opts else p.name for p in ctx.command.params
+             if p.name in _RUN_OPTIONS and ctx.get_parameter_source(p.name or "") != click.core.ParameterSource.DEFAULT]
+    if given:
+        raise click.BadParameter(f"--resume replays with the options {path} records; {', '.join(given)} cannot "
+                                 "change them (only --json, --csv, --plot, --wide, --strict)", param_hint="--resume")
+    previous = read_report(path)
+    outputs = (previous.partial or {}).get("outputs") or {}
+    json_out = json_out or outputs.get("json") or str(path)
+    csv_path = csv_path or (Path(outputs["csv"]) if outputs.get("csv") else None)
+    plot_path = plot_path or (Path(outputs["plot"]) if outputs.get("plot") else None)
+    if json_out != STDOUT:
+        check_json_target(Path(json_out), "--json")
+    check_outputs(csv_path, plot_path)
+    try:
+        run = resume_replay(previous, progress, name=str(path))
+    except ReplayInterrupted as stop:
+        _interrupted(stop, json_out, csv_path, plot_path, wide)
+    console = console_for(stderr=json_out == STDOUT)
+    report.print_report(run.result, console, wide)
+    decisions.print_controls(run.result, console)
+    _write(run.result, json_out, csv_path, plot_path)
+    verdict(run.result, strict, console)
+
+
 @click.command("replay")
 @click.argument("locations", nargs=-1, metavar="[PATH|URL ...]")
 @click.option("--suite", type=click.Choice(sorted(synth.SUITES)), default=None, metavar="NAME",
@@ -172,6 +227,10 @@ def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, pl
               metavar="RULE.json", help="The dispatch rule the 'auto' selector follows (from --rule-out).")
 @click.option("--strict", is_flag=True, help="Exit 1 when a selector failed verification or raised, or a "
               "case was invalid (without it such a run ends with a RESULTS FAILED line and exit 0).")
+@click.option("--resume", "resume_path", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              metavar="R.json", help="Finish the interrupted (SIGINT, SIGTERM) run whose partial JSON report this "
+              "is: replay the cases it lacks with its recorded options, and write the whole report (to R.json, "
+              "and its CSV and plot, unless --json, --csv, --plot say otherwise).")
 @click.option("--devices", default=None, metavar="0,1,...", help="One rank per listed GPU of this machine (with "
               "--device cpu, one CPU rank per entry), each replaying a cost-balanced share of the cases; one "
               "report, with a ranks section (torchrun -m logitreplay replay across machines: docs/distributed.md).")
@@ -182,10 +241,14 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                timer: str | None, l2: str | None, poison: float, json_out: str | None,
                csv_path: Path | None, plot_path: Path | None, wide: bool, recommend: bool, isolate: bool,
                timeout_s: float | None, controls: tuple[str, ...], per_forward: bool, rule_out: Path | None,
-               rule_path: Path | None, strict: bool, devices: str | None) -> None:
+               rule_path: Path | None, strict: bool, resume_path: Path | None, devices: str | None) -> None:
     """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
     control suite against top-k selectors: verify every selector's output, time the verified ones, and
-    print a table of median times and ratios to a baseline."""
+    print a table of median times and ratios to a baseline. Stopped by Ctrl-C (SIGINT) or SIGTERM, it
+    writes the table, JSON and CSV of the cases it finished, marked partial; --resume finishes it."""
+    if resume_path is not None:
+        _resume(resume_path, json_out, csv_path, plot_path, wide, strict)
+        return
     _check_outputs(csv_path, plot_path, rule_out, rule_path)
     selectors = _wanted(names, specs)
     if rule_path is None and "auto" in selectors and not os.environ.get(RULE_ENV):
@@ -199,7 +262,10 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     _warn_full_scale_on_cpu(config)
     if devices is not None or supervising():
         raise SystemExit(start(devices, config, sys.argv[1:]))
-    run = replay_rank(config, progress) if in_rank() else run_replay(config, progress)
+    try:
+        run = replay_rank(config, progress) if in_rank() else run_replay(config, progress)
+    except ReplayInterrupted as stop:
+        _interrupted(stop, json_out, csv_path, plot_path, wide)
     if run is None:  # a rank other than 0: rank 0 writes the report
         return
     result = run.result

@@ -43,7 +43,7 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -201,10 +201,12 @@ def _whole(header: CaseResult, results: dict[str, SelectorResult], names: tuple[
     return replace(header, results=[] if header.invalid else [results[n] for n in names if n in results])
 
 
-def merge(per_selector: dict[str, dict[int, CaseResult]], order: list[str], total: int) -> list[CaseResult]:
-    """One CaseResult per case with the selectors' results in column order (`order`: selector names)."""
+def merge(per_selector: dict[str, dict[int, CaseResult]], order: list[str], total: int,
+          indices: Iterable[int] | None = None) -> list[CaseResult]:
+    """One CaseResult per case (every one of `total`, or those at `indices`) with the selectors' results in
+    column order (`order`: selector names)."""
     merged = []
-    for i in range(total):
+    for i in range(total) if indices is None else indices:
         parts = [per_selector[s][i] for s in order if i in per_selector.get(s, {})]
         base = next((p for p in parts if p.results or p.invalid), parts[0])
         case = replace(base, results=[])

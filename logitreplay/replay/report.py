@@ -323,6 +323,17 @@ def print_report(result: ReplayResult, console: Console, wide: bool = False) -> 
                             style="red")
     for note in result.notes:
         print_lines(console, wrap(f"note: {note}", width))
+    if result.partial is not None:
+        print_lines(console, wrap(partial_line(result), width), style="bold yellow")
+
+
+def partial_line(result: ReplayResult) -> str:
+    """What a partial report is: which signal stopped it, how many cases it holds of its run's."""
+    p = result.partial or {}
+    where = (p.get("outputs") or {}).get("json")
+    resume = f"`logitreplay replay --resume {where}`" if where else "`logitreplay replay --resume R.json` (its JSON report)"
+    return (f"PARTIAL: stopped by {p.get('signal')} after {p.get('cases_done')} of {p.get('cases_total')} cases; "
+            f"the table and the files written hold the finished ones; {resume} replays the others")
 
 
 CSV_FIELDS = ("case_id", "cols", "rows", "top_k", "dtype", "source", "selector", "status", "median_us",

@@ -100,6 +100,9 @@ class ReplayResult:
     recommendation: list[dict[str, Any]] = field(default_factory=list)  # `replay --recommend` (recommend.py)
     per_forward: list[dict[str, Any]] = field(default_factory=list)  # `replay --per-forward` (per_forward.py)
     ranks: list[dict[str, Any]] = field(default_factory=list)  # a replay over ranks, or a merge (distributed.py)
+    # An interrupted run (SIGINT, SIGTERM): the signal, cases done of the run's total, the run's
+    # configuration and outputs, so that `replay --resume` replays the rest (resume.py). None: complete.
+    partial: dict[str, Any] | None = None
 
     SCHEMA: ClassVar[str] = "logitreplay.replay/1"
 

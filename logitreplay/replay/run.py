@@ -13,11 +13,14 @@ A `ReplayRun` records which places of the whole run its cases hold, so the runs 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -151,7 +154,61 @@ def case_count(config: ReplayConfig) -> int:
     return total
 
 
-def _case_ids(config: ReplayConfig) -> list[str]:
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where SIGINT raises KeyboardInterrupt, so that both stop a run the same way."""
+
+
+class ReplayInterrupted(KeyboardInterrupt):
+    """A replay stopped by SIGINT or SIGTERM (`signal`): `run` holds every case it finished, its report
+    marked partial (`ReplayResult.partial`), ready to be written and resumed (resume.py). A caller that
+    does not catch it sees the KeyboardInterrupt it derives from."""
+
+    def __init__(self, run: ReplayRun, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.run = run
+        self.signal = signal_name
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM raises `_Terminated` instead of ending the process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def config_json(config: ReplayConfig) -> dict[str, Any]:
+    """`config` as JSON (what a partial report records to be resumed with)."""
+    return {f.name: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+            for f in fields(config) for v in [getattr(config, f.name)]}
+
+
+def config_from_json(data: dict[str, Any]) -> ReplayConfig:
+    """The inverse of `config_json`; `ReplayError` (one line) for a field this version does not know."""
+    known = {f.name for f in fields(ReplayConfig)}
+    odd = sorted(set(data) - known)
+    if odd:
+        raise ReplayError(f"the recorded configuration has fields this logitreplay does not know: {', '.join(odd)}")
+    values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else Path(v) if k == "rule_path" and v is not None
+                                  else v) for k, v in data.items()}
+    return ReplayConfig(**values)
+
+
+def partial_mark(signal_name: str, done: int, total: int, config: ReplayConfig) -> dict[str, Any]:
+    """`ReplayResult.partial` of a run stopped by `signal_name` after `done` of its `total` cases."""
+    return {"signal": signal_name, "cases_done": done, "cases_total": total, "config": config_json(config)}
+
+
+def case_ids(config: ReplayConfig) -> list[str]:
     """The id of each case of the run, in its order, from the metadata alone (no case is read)."""
     costs, _ = case_costs(list(config.locations), config.suite, config.scale or "small", config.controls,
                           config.case_globs, config.case_regex)
@@ -178,7 +235,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
     _, total, pinned = open_cases(list(config.locations), config.suite, config.scale or "small",
                                       controls=config.controls, case_globs=config.case_globs,
                                       case_regex=config.case_regex, only=config.case_indices)
-    ids = _case_ids(config)
+    ids = case_ids(config)
     if total == 0:
         raise ArchiveError("nothing to replay: the archives hold no complete case")
     if len(pinned) < len(config.locations):
@@ -205,11 +262,20 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
         [replace(job, specs=tuple(config.selectors), names=tuple(columns))]
     timeout_s = (ISOLATE_TIMEOUT_S if config.timeout_s is None else config.timeout_s) if alone else None
     per_selector: dict[str, dict[int, CaseResult]] = {}
-    for one in jobs:
-        label = f"replay ({one.names[0]} alone)" if alone else "replay"
-        for index, case_result in progress(supervise(one, total, timeout_s, notes, ids), total, label):
-            for name in one.names:
-                per_selector.setdefault(name, {})[index] = case_result
+    places = list(range(total)) if config.case_indices is None else sorted(set(config.case_indices))
+    try:
+        with _terminate_as_interrupt():
+            for one in jobs:
+                label = f"replay ({one.names[0]} alone)" if alone else "replay"
+                for index, case_result in progress(supervise(one, total, timeout_s, notes, ids), total, label):
+                    for name in one.names:
+                        per_selector.setdefault(name, {})[index] = case_result
+    except KeyboardInterrupt as stop:  # the workers are gone (isolate.py); keep what finished
+        name = stop.args[0] if isinstance(stop, _Terminated) else "SIGINT"
+        done = [i for i in range(total) if all(i in per_selector.get(c, {}) for c in columns)]
+        result.cases = merge(per_selector, columns, total, done)
+        result.partial = partial_mark(name, len(done), total, config)
+        raise ReplayInterrupted(ReplayRun(result, [places[i] for i in done], config, pinned), name) from None
     result.cases = merge(per_selector, columns, total)
     if own_process and not config.isolate:
         notes.append("kernel libraries from different builds: each selector ran in its own process")
@@ -218,7 +284,6 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
                      "a selector")
     if dev.type == "cuda":
         result.environment["sm_clock_mhz_end"] = sm_clock_mhz(dev)
-    places = list(range(total)) if config.case_indices is None else sorted(set(config.case_indices))
     return ReplayRun(result, places, config, pinned)
 
 
@@ -244,5 +309,6 @@ def merge_runs(runs: Sequence[ReplayRun]) -> ReplayRun:
     return ReplayRun(result, places, replace(runs[0].config, case_indices=None), list(dict.fromkeys(i for run in runs for i in run.inputs)))
 
 
-__all__ = ["DEFAULT_SELECTORS", "Progress", "ReplayConfig", "ReplayRun", "build_selectors", "case_count",
+__all__ = ["DEFAULT_SELECTORS", "Progress", "ReplayConfig", "ReplayInterrupted", "ReplayRun", "config_from_json",
+           "config_json", "partial_mark", "build_selectors", "case_count",
            "default_device", "merge_runs", "resolve", "run_replay"]
