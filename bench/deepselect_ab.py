@@ -156,11 +156,18 @@ def variant(name: str) -> Callable[[], object]:
         from logitreplay.selectors.cuda import abi
         from logitreplay.selectors.cuda.kernels import DeepSelectCuda
 
-        lib = variants_dir().resolve() / name / "deepselect.so"
+        folder = variants_dir().resolve() / name
+        record = json.loads((folder / "source.json").read_text())
+        made_of = (f"deepselect.cu of {record['revision']} ({record['commit']}), "
+                   f"sha256 {record['sha256']['deepselect.cu'][:12]}")
 
         class Variant(DeepSelectCuda):
             def _entry_points(self) -> dict[str, Callable[..., int]]:
-                return abi.bind(ctypes.CDLL(str(lib)), "deepselect")
+                return abi.bind(ctypes.CDLL(str(folder / "deepselect.so")), "deepselect")
+
+            def note(self, case: object) -> str:
+                """The report's line for each result of this column: the source it was built from."""
+                return made_of
 
         sel = Variant()
         sel.name = f"deepselect@{name}"

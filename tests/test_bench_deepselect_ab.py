@@ -59,6 +59,7 @@ def test_each_prepared_variant_is_a_column_of_its_own_and_others_are_unknown(ab,
     ab.prepare(["mine=."], tmp_path / "variants")
     sel = build("bench.deepselect_ab:mine")
     assert sel.name == "deepselect@mine"
+    assert sel.note(None).startswith("deepselect.cu of . (working tree), sha256 ")  # type: ignore[attr-defined]
     assert sel.supports(None, torch.device("cpu")) == "a CUDA kernel: needs a CUDA device"  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         ab.__getattr__("absent")
