@@ -402,3 +402,22 @@ def test_capture_hf_on_cuda(tmp_path: Path, deepseek_dir: Path) -> None:
         assert case.attrs["device"] == torch.cuda.get_device_name() and case.attrs["model_dtype"] == "bfloat16"
         assert case.row_ends.tolist() == [case.cols - 64 + r + 1 for r in range(64)]
         _assert_reference_is_topk(case)
+
+
+@pytest.mark.slow
+def test_the_docs_tiny_model_is_made_and_captured_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import runpy
+    import shlex
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "capture.md").read_text()
+    section = text[text.index("### A tiny local model"):text.index("### From Python")]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    (shell,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny_dsa.py").write_text(code)
+    runpy.run_path("tiny_dsa.py", run_name="__main__")
+    (capture,) = [shlex.split(line) for line in shell.splitlines() if line.startswith("logitreplay capture")]
+    summary = _capture(capture[3:])
+    assert summary["captured"] > 0 and summary["error"] is None
+    assert all(w > 64 for widths in summary["widths"].values() for w in widths)  # wider than index_topk

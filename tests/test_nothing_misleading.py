@@ -278,3 +278,24 @@ def test_a_forward_timed_on_a_gpu_gives_no_share_against_a_cpu_replay() -> None:
 
     assert _no_share("cuda-events", "cuda:0") is None and _no_share("wall", "cpu") is None
     assert "timed on a GPU (cuda-events), this replay ran on cpu" in str(_no_share("cuda-events", "cpu"))
+
+
+# -- finding 8: the plot
+
+
+@pytest.mark.parametrize("n", [2, 41, 150])
+def test_the_plot_stays_within_its_width_its_labels_never_overlap_and_it_names_its_error_bars(n: int) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from logitreplay.replay import report
+
+    result = _report(5, cases=n, prefix="bin-flood-b9-n1-full-f")
+    fig = report.plot_figure(result)
+    ax = fig.axes[0]
+    assert fig.get_figwidth() * 120 <= 1920
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
+    assert boxes and all(not a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert "p10-p90" in ax.get_title()
+    plt.close(fig)

@@ -369,10 +369,17 @@ def write_csv(result: ReplayResult, path: Path) -> None:
 _MARKS = {"unsupported": ("x", "unsupported"), "failed": ("X", "failed or error"), "error": ("X", "failed or error")}
 
 
+# The plot's width grows with its cases up to this many inches (1920 px at the PNG's 120 dpi); past it the
+# case labels turn upright, then shrink, then only every n-th is written, so that no two ever overlap.
+PLOT_MAX_WIDTH_IN = 16.0
+_LABEL_SIZES = (7, 6, 5)
+
+
 def plot_figure(result: ReplayResult) -> Any:
-    """Grouped bars of median time per case and selector (log scale), p10-p90 as error bars. Every
-    selector keeps its own colour in the legend even where it has no bar; a cell that was not timed gets
-    a mark at the foot of its bar's place (x: unsupported, X: failed or error)."""
+    """Grouped bars of median time per case and selector (log scale), p10-p90 as error bars (the title
+    says so). Every selector keeps its own colour in the legend even where it has no bar; a cell that was
+    not timed gets a mark at the foot of its bar's place (x: unsupported, X: failed or error). The width
+    is bounded (`PLOT_MAX_WIDTH_IN`) and the case labels never overlap (`_fit_labels`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -385,7 +392,7 @@ def plot_figure(result: ReplayResult) -> Any:
     n = max(1, len(result.selectors))
     width = 0.8 / n
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(cases) + 2), 4.8))
+    fig, ax = plt.subplots(figsize=(min(PLOT_MAX_WIDTH_IN, max(6.0, 1.2 * len(cases) + 2)), 4.8))
     handles: list[Any] = []
     shown_marks: dict[str, str] = {}
     for i, name in enumerate(result.selectors):
@@ -410,17 +417,41 @@ def plot_figure(result: ReplayResult) -> Any:
         handles.append(Patch(color=colour, label=name if xs else f"{name} (not timed)"))
     handles += [Line2D([], [], marker=m, color="0.3", linestyle="none", label=what) for m, what in shown_marks.items()]
     ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels([f"{cid}\n{c.cols}x{c.rows}, k={c.top_k}" for cid, c in zip(_short_ids(cases), cases,
-                                                                                     strict=True)],
-                       fontsize=7, ha="center", multialignment="center")
     ax.set_xlim(-0.6, len(cases) - 0.4)
     ax.set_yscale("log")
     ax.set_xlabel("case (logits cols x query rows, k)")
     ax.set_ylabel(f"median time per call ({name_of_unit})")
-    ax.set_title(f"{result.device}: {result.clock_label}", fontsize=9)
+    ax.set_title(f"{result.device}: {result.clock_label}\nbars: medians; error bars: p10-p90 of the samples",
+                 fontsize=9)
     ax.legend(handles=handles, fontsize=8)
-    fig.tight_layout()
+    _fit_labels(fig, ax, [(cid, f"{c.cols}x{c.rows}, k={c.top_k}") for cid, c in zip(_short_ids(cases), cases,
+                                                                                       strict=True)])
     return fig
+
+
+def _fit_labels(fig: Any, ax: Any, labels: Sequence[tuple[str, str]]) -> None:
+    """Case labels that do not overlap: two centred lines under each case where they fit, else upright
+    single lines, smaller, and at last only every n-th case's (the figure grows taller for upright ones)."""
+    ax.set_xticklabels([f"{cid}\n{shape}" for cid, shape in labels], fontsize=_LABEL_SIZES[0], ha="center",
+                       multialignment="center")
+    fig.tight_layout()
+    if not _overlapping(fig, ax):
+        return
+    fig.set_figheight(4.8 + 0.06 * max((len(c) + len(s) + 2 for c, s in labels), default=0))
+    for every in range(1, len(labels) + 1):
+        for size in _LABEL_SIZES:
+            ax.set_xticklabels([f"{cid}  {shape}" if k % every == 0 else "" for k, (cid, shape) in enumerate(labels)],
+                               fontsize=size, rotation=90, ha="center", va="top")
+            fig.tight_layout()
+            if not _overlapping(fig, ax):
+                return
+
+
+def _overlapping(fig: Any, ax: Any) -> bool:
+    """Whether any two written tick labels of the x axis overlap on the drawn figure."""
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+    return any(a.x1 > b.x0 for a, b in zip(boxes, boxes[1:], strict=False))
 
 
 def write_plot(result: ReplayResult, path: Path) -> None:
