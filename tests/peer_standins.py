@@ -46,6 +46,7 @@ def top_k(input, k, sorted=False, deterministic=False, tie_break=0, dsa_graph_sa
 def top_k_ragged_transform(input, offsets, lengths, k, deterministic=False, tie_break=0, dsa_graph_safe=False,
                            row_starts=None):
     CALLS.append(("top_k_ragged_transform", dict(k=k, dsa_graph_safe=dsa_graph_safe, row_starts=row_starts,
+                                                 deterministic=deterministic,
                                                  algo=os.environ.get("FLASHINFER_TOPK_ALGO"))))
     _radix_checks(input)
     out = torch.full((input.shape[0], k), -1, dtype=torch.int32)
@@ -59,6 +60,7 @@ def top_k_page_table_transform(input, src_page_table, lengths, k, row_to_batch=N
                                tie_break=0, dsa_graph_safe=False, row_starts=None, page_table_row_starts=None, *,
                                page_size=1, out=None, out_raw_indices=None):
     CALLS.append(("top_k_page_table_transform", dict(k=k, dsa_graph_safe=dsa_graph_safe, row_starts=row_starts,
+                                                     deterministic=deterministic,
                                                      algo=os.environ.get("FLASHINFER_TOPK_ALGO"))))
     if not input.stride(-1) == 1:
         raise ValueError("input must be contiguous in its last dimension")
@@ -105,7 +107,7 @@ def topk_transform_paged_v2(scores, seq_lens, page_tables, out_page_indices, pag
 '''
 
 _SGL_KERNEL = _COMMON + '''
-__version__ = "0.4.6"
+__version__ = "{version}"
 
 _lib = torch.library.Library("sgl_kernel", "FRAGMENT")
 _lib.define("fast_topk(Tensor score, Tensor(a!) indices, Tensor lengths, Tensor? row_starts) -> ()")
@@ -145,21 +147,24 @@ for _name in ("fast_topk", "fast_topk_transform_fused", "fast_topk_transform_rag
 ops = torch.ops.sgl_kernel
 '''
 
+# The release each stand-in reports (its `__version__`), by distribution: the adapters read from it run here.
+VERSIONS = {"flashinfer-python": "0.7.2.post1", "sglang-kernel": "0.4.6"}
 _SGLANG_PACKAGES = ("sglang", "sglang/kernels", "sglang/kernels/ops", "sglang/kernels/ops/attention",
                     "sglang/kernels/ops/attention/dsv4")
 
 
-def write(root: Path) -> Path:
-    """Lay out the stand-in `flashinfer`, `sglang` and `sgl_kernel` packages under `root`."""
+def write(root: Path, versions: dict[str, str] = VERSIONS) -> Path:
+    """Lay out the stand-in `flashinfer`, `sglang` and `sgl_kernel` packages under `root`, reporting
+    `versions` (by distribution)."""
     (root / "flashinfer").mkdir(parents=True)
     (root / "flashinfer" / "__init__.py").write_text(
-        '__version__ = "0.7.2.post1"\nfrom flashinfer.topk import top_k, top_k_page_table_transform, '
-        'top_k_ragged_transform  # noqa: F401\n')
+        f'__version__ = "{versions["flashinfer-python"]}"\nfrom flashinfer.topk import top_k, '
+        'top_k_page_table_transform, top_k_ragged_transform  # noqa: F401\n')
     (root / "flashinfer" / "topk.py").write_text(_FLASHINFER_TOPK)
     for pkg in _SGLANG_PACKAGES:
         (root / pkg).mkdir(parents=True, exist_ok=True)
         (root / pkg / "__init__.py").write_text("")
     (root / "sglang" / "kernels" / "ops" / "attention" / "dsv4" / "topk.py").write_text(_SGLANG_TOPK)
     (root / "sgl_kernel").mkdir()
-    (root / "sgl_kernel" / "__init__.py").write_text(_SGL_KERNEL)
+    (root / "sgl_kernel" / "__init__.py").write_text(_SGL_KERNEL.replace("{version}", versions["sglang-kernel"]))
     return root

@@ -26,7 +26,10 @@ from logitreplay.selectors.upstream import Upstream, catalog, cudnn, launches, l
 from tests import peer_standins
 
 CUDA = torch.device("cuda")
-PEERS = sorted(n for n, e in catalog.adapters().items() if e.declared.family in ("flashinfer", "sglang", "sgl_kernel common_ops"))
+# The adapters the stand-ins stand in for: of their packages, and read from (or taking) their versions.
+PEERS = sorted(n for n, e in catalog.adapters().items()
+               if e.declared.family in ("flashinfer", "sglang", "sgl_kernel common_ops")
+               and e.declared.release.refuses(peer_standins.VERSIONS.get(e.declared.release.source.dist)) is None)
 MODULES = ("flashinfer", "sglang", "sgl_kernel")
 
 
@@ -107,6 +110,7 @@ def test_flashinfer_is_called_graph_safe_on_the_backend_named(name: str, algo: s
     [(_, args)] = _calls(standins)
     assert args["algo"] == algo
     assert args["dsa_graph_safe"] is (name != "flashinfer")  # vLLM's call passes no flag; SGLang's does
+    assert args["deterministic"] is False  # as SGLang and vLLM call it
 
 
 def test_sglang_paged_v2_plans_over_the_lengths_it_selects_with(standins: dict[str, Any]) -> None:
@@ -164,12 +168,12 @@ def test_each_peer_declines_what_its_declaration_says_it_does_not_take(name: str
 def test_a_peer_refuses_a_version_it_was_not_read_from(standins: dict[str, Any],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(sys.modules["flashinfer"], "__version__", "0.7.4")
+    monkeypatch.setattr(sys.modules["flashinfer"], "__version__", "0.7.5")
     loading.forget()
     try:
         assert build("flashinfer-ragged").supports(_case(), CUDA) == (
-            "flashinfer-python 0.7.4 is not a version this adapter knows: it was read from 0.7.2.post1 and takes "
-            "0.7.2 <= version < 0.7.3")
+            "flashinfer-python 0.7.5 is not a version this adapter knows: it was read from 0.7.2.post1 and takes "
+            "0.7.2 <= version < 0.7.5")
     finally:
         monkeypatch.undo()
         loading.forget()

@@ -37,7 +37,7 @@ def test_json_has_each_adapters_package_range_and_takes() -> None:
     ragged = rows["flashinfer-ragged"]
     assert (ragged["kind"], ragged["device"], ragged["package"], ragged["read_from"]) == \
         ("adapter", "cuda", "flashinfer-python", "0.7.2.post1")
-    assert ragged["accepts"] == ">=0.7.2,<0.7.3" and ragged["k"] == "1-2048"
+    assert ragged["accepts"] == ">=0.7.2,<0.7.5" and ragged["k"] == "1-2048"
     assert ragged["dtypes"] == ["float32", "float16", "bfloat16"] and "starts" in ragged["layouts"]
     assert rows["vllm-persistent"]["k"] == "512 1024 2048"
     assert rows["native"]["status"] == "ok" and rows["native"]["device"] == "cpu, cuda"

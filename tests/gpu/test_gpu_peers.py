@@ -45,9 +45,12 @@ CASES = [
 
 
 def _staged(name: str) -> bool:
+    """Whether the package this adapter was read from is here: installed, at a version it takes."""
     sel = build(name)
     found = sel.find() if isinstance(sel, Upstream) else None
-    return not (isinstance(found, str) and found.startswith("not installed"))
+    if isinstance(found, str):
+        return not found.startswith("not installed")
+    return not (isinstance(sel, Upstream) and found is not None and sel.declared.release.refuses(found.version))
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in catalog.adapters().items() if e.declared.family in PEER_FAMILIES))

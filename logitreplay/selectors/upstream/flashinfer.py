@@ -1,4 +1,5 @@
-"""FlashInfer 0.7.2's DSA top-k (`flashinfer/topk.py`), called as vLLM and SGLang call it.
+"""FlashInfer's DSA top-k (`flashinfer/topk.py` of 0.7.2.post1, the same in 0.7.4), called as vLLM and
+SGLang call it.
 
 - `flashinfer`: vLLM 0.33's opt-in `flashinfer` decode backend (`indexer_topk.py` l.347):
   `top_k_ragged_transform(logits, offsets=0, row_ends, topk)`, float32, FlashInfer's own backend choice.
@@ -15,7 +16,9 @@
 The backend is forced per adapter through `FLASHINFER_TOPK_ALGO` (read by FlashInfer at each call;
 a CUDA graph keeps what was captured): `default` is the radix FilteredTopK path (graph safe for k <=
 2048, input rows contiguous: `CHECK_INPUT`), `cub` is CUB's DeviceBatchedTopK (rows up to 2^21 columns,
-padded row strides accepted). FlashInfer allocates its outputs on every call (its API).
+padded row strides accepted). FlashInfer allocates its outputs on every call (its API), and 0.7.4's radix
+path its row-state scratch too while a graph is captured. `deterministic` (FlashInfer's deterministic
+mode, radix only) is off here, as SGLang calls it; flashinfer074.py declares the calls with it on.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ from logitreplay.selectors.upstream.loading import Source
 # The top-k JIT module prebuilt for the GPU (AOT), where FlashInfer's loader looks first; else built there.
 FLASHINFER = Source(("flashinfer",), "flashinfer-python", "flashinfer-python", "flashinfer",
                     binary="data/aot/topk/topk.so")
-FLASHINFER_072 = Release(FLASHINFER, "0.7.2.post1", ("0.7.2", "0.7.3"))
+# Read from 0.7.2.post1; 0.7.4's topk.py has the same entry points, arguments and backend choice (radix,
+# CUB, SM100 clusters), and differs in the radix path's row-state scratch only (under graph capture each
+# call takes its own from the graph's pool), so these adapters take both.
+FLASHINFER_072 = Release(FLASHINFER, "0.7.2.post1", ("0.7.2", "0.7.5"))
 
 ALGO_ENV = "FLASHINFER_TOPK_ALGO"
 ALGOS = {"radix": "default", "cub": "cub"}
@@ -63,9 +69,11 @@ def _algo(backend: str | None) -> Iterator[None]:
 
 
 class FlashInfer(Upstream):
-    """A FlashInfer top-k entry point; `backend` is "radix", "cub" or None (FlashInfer chooses)."""
+    """A FlashInfer top-k entry point; `backend` is "radix", "cub" or None (FlashInfer chooses);
+    `deterministic` is the call's flag (FlashInfer's deterministic mode, which CUB does not serve)."""
 
     backend: str | None = "radix"
+    deterministic = False
 
     def limits(self, case: Case, device: torch.device) -> str | None:
         if case.dtype not in DTYPES:
@@ -77,7 +85,8 @@ class FlashInfer(Upstream):
         return None
 
     def kernel_name(self, case: Case) -> str:
-        return f"flashinfer.{self.entry} ({self.backend or 'its own backend choice'})"
+        mode = ", deterministic" if self.deterministic else ""
+        return f"flashinfer.{self.entry} ({self.backend or 'its own backend choice'}{mode})"
 
     entry = ""
 
@@ -127,13 +136,13 @@ class FlashInferRagged(FlashInfer):
 
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
-        fi, backend = self._fi(), self.backend
+        fi, backend, deterministic = self._fi(), self.backend, self.deterministic
 
         def call(lengths: torch.Tensor, offsets: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
             with _algo(backend):
                 got: torch.Tensor = fi.top_k_ragged_transform(
-                    logits.contiguous(), offsets, lengths, top_k, deterministic=False, tie_break=0, dsa_graph_safe=True,
-                    row_starts=row_starts)
+                    logits.contiguous(), offsets, lengths, top_k, deterministic=deterministic, tie_break=0,
+                    dsa_graph_safe=True, row_starts=row_starts)
             return got
 
         return ragged(logits, row_starts, row_ends, top_k, out, call)
@@ -160,13 +169,13 @@ class FlashInferPaged(FlashInfer):
 
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
-        fi, backend = self._fi(), self.backend
+        fi, backend, deterministic = self._fi(), self.backend, self.deterministic
 
         def call(table: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
             with _algo(backend):
                 slots: torch.Tensor = fi.top_k_page_table_transform(
-                    logits.contiguous(), table, row_ends, top_k, row_to_batch=None, deterministic=False, tie_break=0,
-                    dsa_graph_safe=True, row_starts=None, page_table_row_starts=None)
+                    logits.contiguous(), table, row_ends, top_k, row_to_batch=None, deterministic=deterministic,
+                    tie_break=0, dsa_graph_safe=True, row_starts=None, page_table_row_starts=None)
             return slots
 
         return paged(logits, top_k, out, self.layout, 1, call)
