@@ -3,8 +3,12 @@
 A case is marked `complete` only after its last array and its attributes are written. A writer killed
 after that point but before the mark left a case whose every array is present and matches its recorded
 sha256: repair marks it complete. Any other incomplete case (arrays missing or damaged, no attributes,
-unparsable metadata, a symbolic link in place of its folder) is not data and is removed. Complete cases
-are never touched, damaged or not: their data is the user's to judge.
+unparsable metadata, a symbolic link in place of its folder) is not data and is removed.
+
+A complete case is read and verified too (every array's sha256, every invariant): one that fails is
+damaged, and repair says so, case by case, and ends non-zero (cli/repair.py) rather than report a
+healthy archive. It is left as it is unless asked (`remove_damaged`): a damaged case may still be
+recovered from where it came from (a Hub copy, the capture's host), and removing data is the user's call.
 """
 
 from __future__ import annotations
@@ -21,19 +25,25 @@ class Repair:
     """One incomplete case and what repair does (or, in a dry run, would do) with it."""
 
     case_id: str
-    action: str  # "complete" | "remove"
+    action: str  # "complete" | "remove" | "damaged" (a complete case that fails its checks, left as it is)
     reason: str
 
     def to_json(self) -> dict[str, str]:
         return {"case_id": self.case_id, "action": self.action, "reason": self.reason}
 
 
-def plan(archive: Archive) -> list[Repair]:
-    """What `repair` would do, case by case; reads (and verifies) only incomplete cases."""
+def plan(archive: Archive, remove_damaged: bool = False) -> list[Repair]:
+    """What `repair` would do, case by case: every case is read and verified (complete cases too, to find
+    the damaged ones; `remove_damaged` removes them)."""
     out = []
     root = Path(archive.location)
     for info in archive.infos():
         if info.complete:
+            try:
+                archive.read(info.case_id)
+            except ArchiveError as e:
+                why = str(e).removeprefix(f"case {info.case_id}: ")
+                out.append(Repair(info.case_id, "remove" if remove_damaged else "damaged", f"damaged: {why}"))
             continue
         if (root / "cases" / info.case_id).is_symlink():
             out.append(Repair(info.case_id, "remove", "a symbolic link in place of a case folder"))
@@ -50,16 +60,17 @@ def plan(archive: Archive) -> list[Repair]:
     return out
 
 
-def repair(archive: Archive, dry_run: bool = False) -> list[Repair]:
-    """Complete or remove every incomplete case (see the module docstring), holding the writer lock."""
+def repair(archive: Archive, dry_run: bool = False, remove_damaged: bool = False) -> list[Repair]:
+    """Complete or remove every incomplete case, and find (or with `remove_damaged`, remove) the damaged
+    complete ones (see the module docstring), holding the writer lock."""
     if not archive.writable:
         raise ArchiveError(f"{archive.location}: open the archive for writing to repair it")
     with archive.lock():
-        steps = plan(archive)
+        steps = plan(archive, remove_damaged)
         if not dry_run:
             for step in steps:
                 if step.action == "complete":
                     archive.mark_complete(step.case_id)
-                else:
+                elif step.action == "remove":
                     remove_case_folder(Path(archive.location), step.case_id)
     return steps

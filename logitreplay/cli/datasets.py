@@ -184,13 +184,16 @@ def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[s
         headers += [Column(wide_name if wide else name, right=not wide) for wide_name, name in _WORK_COLUMNS]
     ids = [s["case_id"] for s in summaries] if wide else short_ids(
         [(s["case_id"], s.get("cols") or 0, s.get("rows") or 0, s.get("top_k") or 0) for s in summaries])
-    rows = []
+    rows, unusable = [], []
     for s, source, case_id in zip(summaries, sources, ids, strict=True):
-        if "values" not in s:
-            why = f"INVALID: {s['invalid']}" if s["invalid"] else "INCOMPLETE (not data)"
+        if "values" not in s:  # no shape to shorten its id by: the whole id, its reason below the table
+            why = "INVALID (below)" if s["invalid"] else "INCOMPLETE (below)"
+            unusable.append(f"{'invalid' if s['invalid'] else 'incomplete'}: {s['case_id']}: "
+                            + (s["invalid"].removeprefix(f"case {s['case_id']}: ") if s["invalid"] else
+                               "its writer did not finish; not data (`logitreplay repair` completes or removes it)"))
             cells = ["-"] * (len(headers) - 1)
             cells[-1 if wide or work else 4] = why  # in the last column, or in the narrow one's source
-            rows.append([case_id, *cells])
+            rows.append([s["case_id"], *cells])
             continue
         v, rl = s["values"], s["row_length"]
         row = [case_id, str(s["rows"]), str(s["cols"]), str(s["top_k"])]
@@ -207,8 +210,7 @@ def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[s
             row += _work_cells(s.get("work"), wide)
         rows.append(row)
     width = None if wide else WIDTH
-    lines = [*wrap(f"{location}: {plural(sum(s['complete'] for s in summaries), 'case')}", width),
-             *render(headers, rows, width)]
+    lines = [*wrap(f"{location}: {_counts(summaries)}", width), *render(headers, rows, width)]
     if not wide:
         lines.append("case: id minus its cols/rows/k parts (--wide: whole ids, every column)")
     if work:
@@ -218,4 +220,14 @@ def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[s
         lines += wrap(f"{ties}: values equal to the k-th, {bins}: fp16 bins of the top-k values, per row; means "
                       f"over up to {plural(sampled, 'sampled row')} per case" + ("; min / max over all values"
                                                                                if wide else ""), width)
+    lines += [w for line in unusable for w in wrap(line, width)]
     print_lines(Console(), lines)
+
+
+def _counts(summaries: list[dict[str, Any]]) -> str:
+    """`12 cases: 9 readable, 1 invalid, 2 incomplete`: every row of the table counted once."""
+    invalid = sum(bool(s["invalid"]) for s in summaries)
+    incomplete = sum(not s["complete"] and not s["invalid"] for s in summaries)
+    parts = [f"{len(summaries) - invalid - incomplete} readable"] + [f"{n} {what}" for n, what in (
+        (invalid, "invalid"), (incomplete, "incomplete")) if n]
+    return plural(len(summaries), "case") + (f": {', '.join(parts)}" if invalid or incomplete else "")

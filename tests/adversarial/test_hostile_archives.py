@@ -189,10 +189,10 @@ def test_repair_completes_a_finished_case_and_removes_a_broken_one(tmp_path: Pat
     assert plan == {BAD: "complete", "half": "remove"}
     assert sorted(Archive.open(root).incomplete()) == [BAD, "half"]  # a dry run changes nothing
     res = runner.invoke(main, ["repair", str(root)])
-    assert res.exit_code == 0 and "1 case completed, 1 case removed" in res.output, res.output
+    assert res.exit_code == 0 and "1 case completed, 1 removed" in res.output, res.output
     a = Archive.open(root)
     assert a.incomplete() == [] and a.case_ids() == [BAD, GOOD] and a.read(BAD).rows == 6
-    assert runner.invoke(main, ["repair", str(root)]).output.strip().endswith("no incomplete cases")
+    assert runner.invoke(main, ["repair", str(root)]).output.strip().endswith("no incomplete or damaged cases")
 
 
 def test_replaying_one_archive_twice_replays_it_once_and_says_so(tmp_path: Path) -> None:
