@@ -7,7 +7,8 @@ the others (upstream DeepSelect included) by `logitreplay replay`, which verifie
 
     python bench/deepselect_ab.py prepare pre-rebet=08912d3^ main=HEAD tree=.   # on a checkout
     python bench/deepselect_ab.py build                                         # on the GPU host
-    logitreplay replay --suite seed-controls --selectors 'bench.deepselect_ab:pre-rebet,bench.deepselect_ab:tree'
+    logitreplay replay --suite seed-controls \
+        --selectors 'bench.deepselect_ab:pre-rebet,bench.deepselect_ab:tree'
     python bench/deepselect_ab.py table seed-controls.json indexer.json         # medians and ratios
 
 `prepare` writes `.ds-variants/NAME/` (the sources and `source.json`: the revision and the sha256 of
@@ -46,7 +47,8 @@ def source_bytes(rev: str, name: str) -> bytes:
         return Path(rev).read_bytes()
     if rev == "." or rev.endswith(".cu"):
         return (Path(KERNEL_DIR) / name).read_bytes()
-    return subprocess.run(["git", "show", f"{rev}:{KERNEL_DIR}/{name}"], capture_output=True, check=True).stdout
+    show = ["git", "show", f"{rev}:{KERNEL_DIR}/{name}"]
+    return subprocess.run(show, capture_output=True, check=True).stdout
 
 
 def prepare(specs: list[str], root: Path) -> None:
@@ -119,7 +121,8 @@ def resources(root: Path, arch: str, names: list[str]) -> dict[str, dict]:
     from logitreplay.selectors.cuda import build
 
     tc = build.toolchain()
-    folders = [root / n for n in names] or sorted(p for p in root.iterdir() if (p / "deepselect.cu").is_file())
+    prepared = sorted(p for p in root.iterdir() if (p / "deepselect.cu").is_file())
+    folders = [root / n for n in names] or prepared
 
     def one(folder: Path) -> dict:
         with tempfile.TemporaryDirectory() as tmp:

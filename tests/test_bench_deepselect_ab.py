@@ -46,21 +46,24 @@ def test_a_variant_takes_every_source_from_its_revision(ab, tmp_path: Path) -> N
         pytest.skip("not a git checkout")
     ab.prepare(["head=HEAD", "tree=."], tmp_path / "variants")
     for f in ab.FILES:
-        committed = subprocess.run(["git", "show", f"HEAD:{ab.KERNEL_DIR}/{f}"], cwd=ROOT, capture_output=True,
-                                   check=True).stdout
+        show = ["git", "show", f"HEAD:{ab.KERNEL_DIR}/{f}"]
+        committed = subprocess.run(show, cwd=ROOT, capture_output=True, check=True).stdout
         assert (tmp_path / "variants" / "head" / f).read_bytes() == committed
         assert (tmp_path / "variants" / "tree" / f).read_bytes() == (cuda_build.SOURCE_DIR / f).read_bytes()
     head = json.loads((tmp_path / "variants" / "head" / "source.json").read_text())
     assert head["revision"] == "HEAD" and head["commit"] and len(head["sha256"]["deepselect.cu"]) == 64
-    assert json.loads((tmp_path / "variants" / "tree" / "source.json").read_text())["commit"] == "working tree"
+    tree = json.loads((tmp_path / "variants" / "tree" / "source.json").read_text())
+    assert tree["commit"] == "working tree"
 
 
 def test_each_prepared_variant_is_a_column_of_its_own_and_others_are_unknown(ab, tmp_path: Path) -> None:
     ab.prepare(["mine=."], tmp_path / "variants")
     sel = build("bench.deepselect_ab:mine")
     assert sel.name == "deepselect@mine"
-    assert sel.note(None).startswith("deepselect.cu of . (working tree), sha256 ")  # type: ignore[attr-defined]
-    assert sel.supports(None, torch.device("cpu")) == "a CUDA kernel: needs a CUDA device"  # type: ignore[arg-type]
+    assert sel.note(None).startswith(  # type: ignore[attr-defined]
+        "deepselect.cu of . (working tree), sha256 ")
+    assert sel.supports(None, torch.device("cpu")) == (  # type: ignore[arg-type]
+        "a CUDA kernel: needs a CUDA device")
     with pytest.raises(AttributeError):
         ab.__getattr__("absent")
 
@@ -72,7 +75,8 @@ def test_ptxas_report_is_read_per_kernel_class(ab) -> None:
     }
 
 
-def test_table_divides_each_column_by_the_base(ab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_divides_each_column_by_the_base(ab, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     def result(selector: str, us: float) -> dict:
         return {"selector": selector, "status": "ok", "failures": [], "timing": {"median_us": us}}
 

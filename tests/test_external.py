@@ -49,7 +49,8 @@ def _deep_select_standin(calls: list[dict]) -> types.ModuleType:
     module = types.ModuleType("deep_select")
 
     def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: torch.Tensor | None = None,
-             end: torch.Tensor | None = None, indices_type: torch.dtype = torch.int64, sorted_index: bool = False,
+             end: torch.Tensor | None = None, indices_type: torch.dtype = torch.int64,
+             sorted_index: bool = False,
              hint: torch.Tensor | None = None, output_idx: torch.Tensor | None = None,
              output_idx_offset: torch.Tensor | None = None, idx_oob_fill_value: int = 2**31 - 1,
              value_oob_fill_value: float = float("-inf"), return_value: bool = True,
@@ -86,7 +87,8 @@ def test_deepselect_upstream_launch_fills_the_view_with_row_indices_and_minus_on
     for i, e in enumerate(ends.tolist()[:2]):
         assert set(out[i].tolist()) == set(logits[i, :e].topk(top_k).indices.tolist())
     assert out[2].tolist() == [0, 1, 2, 3, 4] + [-1] * 5
-    assert calls == [{"return_value": False, "abort": False, "sorted": False, "fill": -1, "end_dtype": torch.int32}]
+    assert calls == [{"return_value": False, "abort": False, "sorted": False, "fill": -1,
+                      "end_dtype": torch.int32}]
 
 
 def test_deepselect_upstream_refuses_rows_off_its_stride_or_past_column_zero(
