@@ -62,3 +62,12 @@ def test_the_catalog_is_the_registrys_source_of_adapters() -> None:
     adapters = catalog.adapters()
     assert {n: e.factory for n, e in adapters.items()} == {n: available()[n] for n in adapters}
     assert all(e.declared.family for e in adapters.values())
+
+
+def test_check_loads_each_kernel_and_says_what_it_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(listing, "find", lambda source: "not installed (pip install x)"
+                        if source.top == "flashinfer" else "vllm._C_stable_libtorch does not import (OSError: bad)")
+    rows = {r.name: r for r in listing.listing(check=True)}
+    assert (rows["flashinfer-topk"].status, rows["flashinfer-topk"].why) == \
+        ("not installed", "not installed (pip install x)")
+    assert rows["vllm-native"].status == "unusable" and "does not import" in rows["vllm-native"].why

@@ -62,7 +62,7 @@ def _adapter(entry: catalog.Entry, check: bool) -> Listed:
     if check:
         found = find(source)
         if isinstance(found, str):
-            status, why = "unusable", found
+            status, why = ("not installed" if found.startswith("not installed") else "unusable"), found
         else:
             version = found.version or version
             why = f"loaded {version}" if version else "loaded, version unknown"
