@@ -101,7 +101,8 @@ def test_card_records_models_revisions_engines_and_policy(tmp_path: Path) -> Non
 @pytest.mark.parametrize("suite", ["seed-controls", "stress", "decode", "decode-bf16",
                                    # the indexer suites' smallest cases are q.k over 163840 and 8192 x 2048 keys
                                    pytest.param("indexer-decode", marks=pytest.mark.slow),
-                                   pytest.param("indexer", marks=pytest.mark.slow)])
+                                   pytest.param("indexer", marks=pytest.mark.slow),
+                                   pytest.param("long-decode", marks=pytest.mark.slow)])
 def test_published_control_suite_cards_match_their_recipes(suite: str) -> None:
     card = DatasetCard.load(Path(__file__).parents[1] / "datasets" / suite / "README.md")
     table = {r[0].strip("| `"): [c.strip(" `|") for c in r[1:]]
