@@ -299,3 +299,28 @@ def test_the_plot_stays_within_its_width_its_labels_never_overlap_and_it_names_i
     assert boxes and all(not a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     assert "p10-p90" in ax.get_title()
     plt.close(fig)
+
+
+def test_a_report_of_the_wrong_shape_is_one_line_before_anything_reads_it(tmp_path: Path) -> None:
+    data = _report(3).to_json()
+    data["cases"][0]["rows"] = "many"
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    for command in (["report"], ["compare", str(tmp_path / "r.json")]):
+        res = cli(*command, str(tmp_path / "r.json"))
+        assert one_line_error(res) and "does not match report.schema.json" in res.output, res.output
+
+
+def test_merge_out_refuses_to_overwrite_a_file_that_is_not_json(tmp_path: Path) -> None:
+    write_json(_report(3), tmp_path / "a.json")
+    table = tmp_path / "t.csv"
+    table.write_text("case_id,cols\n")
+    res = cli("merge", str(tmp_path / "a.json"), "--out", str(table))
+    assert one_line_error(res) and "--out" in res.output and table.read_text() == "case_id,cols\n"
+
+
+def test_compare_says_when_a_report_is_partial(tmp_path: Path) -> None:
+    new = _report(20, seed=1)
+    new.partial = {"signal": "SIGINT", "cases_done": 3, "cases_total": 9, "config": {}}
+    res = _compare(tmp_path, _report(20), new)
+    assert res.exit_code == 0 and "NEW is partial (stopped by SIGINT after 3 of 9 cases)" in " ".join(
+        res.output.split()), res.output

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from logitreplay.cli.common import STDOUT, check_file_target, emit_json, json_option, plural, user_errors
+from logitreplay.cli.common import STDOUT, check_json_target, emit_json, json_option, plural, user_errors
 from logitreplay.cli.report import read_report
 from logitreplay.replay.merge import merge_reports
 from logitreplay.replay.results import write_json
@@ -24,7 +24,7 @@ def merge_cmd(paths: tuple[Path, ...], out_path: Path, json_out: str | None) -> 
     baseline, timing protocol) by separate jobs, e.g. a Slurm array over slices of the cases, into one
     report: the cases in the order of the files, and a ranks section that says which job, host and GPU
     timed each case. Reports of mixed protocols, or holding one case twice, are refused."""
-    check_file_target(out_path, "--out")
+    check_json_target(out_path, "--out")
     merged = merge_reports([(str(p), read_report(p)) for p in paths])
     write_json(merged, out_path)
     gpus = sorted({str(r["gpu"]) for r in merged.ranks if r["gpu"]})

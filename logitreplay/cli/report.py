@@ -17,7 +17,7 @@ from rich.console import Console
 from logitreplay.cli import decisions
 from logitreplay.cli.common import check_file_target, plural, refuse_other_kind, user_errors
 from logitreplay.replay import report
-from logitreplay.replay.results import ReplayResult, ReportError
+from logitreplay.replay.results import ReplayResult, ReportError, validate
 
 # How an existing plot file of each format begins (a file of another kind is not written over); formats
 # not listed here are written over as any file is.
@@ -26,18 +26,22 @@ _PLOT_MAGIC = {"png": (b"\x89PNG",), "pdf": (b"%PDF",), "svg": (b"<?xml", b"<svg
 
 
 def read_report(path: Path) -> ReplayResult:
-    """A `replay --json` (or `merge`) report, or a one-line `ReportError` naming the file."""
+    """A `replay --json` (or `merge`) report, or a one-line `ReportError` naming the file: a file that is
+    not JSON, or whose JSON does not match the report's schema, is refused before anything reads it."""
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         raise ReportError(f"{path}: not a replay report (not JSON text: a binary file)") from None
     try:
-        return ReplayResult.from_json(json.loads(text))
+        data = json.loads(text)
+        if isinstance(data, dict) and data.get("schema") == ReplayResult.SCHEMA:
+            validate(data)
+        return ReplayResult.from_json(data)
     except json.JSONDecodeError as e:
         raise ReportError(f"{path}: not a replay report (not JSON: {e})") from None
     except (KeyError, TypeError, AttributeError) as e:
         raise ReportError(f"{path}: not a replay report ({type(e).__name__}: {e})") from None
-    except ValueError as e:
+    except (ValueError, ReportError) as e:
         raise ReportError(f"{path}: {e}") from None
 
 

@@ -117,6 +117,10 @@ def compare(base: ReplayResult, new: ReplayResult, tolerance: float = TOLERANCE,
             resamples: int = RESAMPLES) -> Comparison:
     """Every (case, selector) timed in both reports, in BASE's order (see the module docstring)."""
     out = Comparison(tolerance=tolerance, seed=seed)
+    for side, report in (("BASE", base), ("NEW", new)):
+        if report.partial is not None:
+            out.notes.append(f"{side} is partial (stopped by {report.partial.get('signal')} after "
+                             f"{report.partial.get('cases_done')} of {report.partial.get('cases_total')} cases)")
     for k in _NOTED:
         if base.environment.get(k) != new.environment.get(k):
             out.notes.append(f"{k}: {base.environment.get(k)} in BASE, {new.environment.get(k)} in NEW")
