@@ -140,7 +140,8 @@ def test_auto_dispatches_each_case_by_the_rule_it_was_given(tmp_path: Path) -> N
         auto = next(r for r in case["results"] if r["selector"] == "auto")
         chosen, why = rule.choose(case["dtype"], case["kind"], case["rows"], case["cols"])
         assert auto["status"] == "ok" and auto["reason"] == (  # verified, and said: the kind read off the bounds
-            f"chose {chosen} ({why}; prefill from the bounds: ends climb by one per row (runs up to 1024 rows))")
+            f"chose {chosen} ({why}; prefill from the bounds: ends climb by one per row (runs up to {case['rows']} "
+            "rows))")
 
 
 def test_auto_without_a_rule_is_refused_in_one_line() -> None:

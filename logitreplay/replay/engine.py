@@ -38,6 +38,7 @@ import torch
 
 from logitreplay.archive import ELEMENT_BYTES, Case
 from logitreplay.archive.guards import check_memory
+from logitreplay.archive.shape import kind_for
 from logitreplay.errors import ArchiveError, one_line
 from logitreplay.replay.cuda_errors import DeviceLost, raise_if_lost
 from logitreplay.replay.fast_path import fast_path
@@ -132,11 +133,13 @@ class Unbuildable:
 
 
 def case_header(case: Case, read_bandwidth: float | None = None) -> CaseResult:
-    """A case's result before any selector ran: shape, source, fast-path eligibility, read floor."""
+    """A case's result before any selector ran: shape, source, fast-path eligibility, read floor, and its
+    kind as `auto` dispatches it (the label, else what the bounds show), so a rule fitted on the report
+    groups cases as `auto` will see them."""
     ok, note = fast_path(case)
+    kind, _ = kind_for(case.attrs, case.row_starts, case.row_ends, case.cols, case.top_k)
     result = CaseResult(case.case_id, case.rows, case.cols, case.top_k, case.dtype, case.row_stride,
-                        describe_source(case), case.nbytes, fast_path=ok, fast_path_note=note,
-                        kind=case.kind)
+                        describe_source(case), case.nbytes, fast_path=ok, fast_path_note=note, kind=kind)
     if read_bandwidth:
         result.floor_us = case.nbytes / read_bandwidth * 1e6
     return result
