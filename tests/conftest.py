@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest_plugins = ["tests.vllm033.fixtures", "tests.upstream_wheels"]
+pytest_plugins = ["tests.vllm033.fixtures", "tests.upstream_wheels", "tests.engine_fakes.vllm.checks"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

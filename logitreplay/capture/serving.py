@@ -233,6 +233,8 @@ class EngineCapture:
                                    layer_name=call.layer.name, requests=call.requests, attrs=attrs,
                                    key_offsets=call.key_offsets, extras=call.extras, finish=call.finish)
             self._count(path, CAPTURED if staged else SKIPPED)
+            if staged:  # the summary rewritten after each case says it too (a SIGKILL leaves that one)
+                writer.note("calls_by_path", self.calls_by_path())
             if staged and call.shard is not None:
                 self._sharded_cases += 1
                 writer.note("tensor_parallel", {
@@ -244,9 +246,20 @@ class EngineCapture:
 
     def _warmup(self, frame: FrameType | None) -> bool:
         """A call outside a real step: a warm-up once the engine's step is wrapped and `steps_only` (a
-        model's calls all run in steps, so any other run scores no request), else when a caller up the
-        stack is one of the engine's dummy runs."""
-        return (self.steps_only and self.steps.complete) or self.in_warmup(frame)
+        model's calls all run in steps, so any other run scores no request) unless it runs in a step that
+        began unwrapped, else when a caller up the stack is one of the engine's dummy runs."""
+        return (self.steps_only and self.steps.complete and not self._in_step_function(frame)) or self.in_warmup(frame)
+
+    def _in_step_function(self, frame: FrameType | None) -> bool:
+        """A caller up the stack runs the engine's step function: a step that began before its class was
+        wrapped (the wrapper is installed at the first call the plugin sees), not a warm-up."""
+        for _ in range(_WARMUP_DEPTH):
+            if frame is None:
+                return False
+            if frame.f_code.co_name == self.runner.function:
+                return True
+            frame = frame.f_back
+        return False
 
     def _count(self, path: str, outcome: str, reason: str | None = None) -> None:
         """One top-k call the plugin saw, by path and outcome, for the run summary (`calls_by_path`)."""

@@ -37,7 +37,8 @@ layer's first real decode call of every power-of-two batch size.
 
 The chunk's layout, its rows, the TP split of the rows and the calling layer come from the indexer op's
 arguments, the top-k's output view and the forward context's indexer metadata (`vllm_frames`); what
-differs between releases is `vllm_versions`' table, and a release not in it is not captured. A case is never staged while a CUDA graph is being captured (the copy would be baked
+differs between releases is `vllm_versions`' table, and a release not in it is not captured. A case is
+never staged while a CUDA graph is being captured (the copy would be baked
 into the graph). Ranks: by default tensor-parallel rank 0 captures replicated rows (every rank holds the
 same), and every rank captures its own row window when vLLM shards prefill rows across TP ranks.
 

@@ -11,6 +11,7 @@ scale in the last column; `cp_gather_indexer_k_quant_cache` copies a chunk's key
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import types
 from collections.abc import Callable
@@ -38,6 +39,18 @@ class Edges:
     gathers: list[Any] = field(default_factory=list)  # all_gatherv calls: (local rows, sizes)
 
 
+def kernel(body: Callable[..., Any]) -> Callable[..., Any]:
+    """A device kernel's CPU model: it reads its inputs on the host, which a GPU kernel never makes the
+    host do, so the tests' watch for host syncs (a torch function mode) is off inside it."""
+
+    @functools.wraps(body)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch._C.DisableTorchFunction():
+            return body(*args, **kwargs)
+
+    return run
+
+
 def score(q: torch.Tensor, keys: torch.Tensor, scales: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """The indexer's score of query rows against keys: sum over heads of weight * relu(q . k), times the
     key's scale. (rows, heads, dim) x (keys, dim) -> (rows, keys), fp32."""
@@ -51,6 +64,7 @@ def _stride(width: int, dtype: torch.dtype) -> int:
     return max(unit, -(-width // unit) * unit)
 
 
+@kernel
 def mqa_logits(qs: tuple[torch.Tensor, Any], ks_: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, max_seqlen_k: int,
                logits_dtype: torch.dtype = torch.float32, **_: Any) -> torch.Tensor:
@@ -73,6 +87,7 @@ def decode_ends(seq_lens: torch.Tensor, next_n: int) -> list[int]:
     return [max(0, int(length) - next_n + 1 + j) for length in seq_lens.reshape(-1) for j in range(next_n)]
 
 
+@kernel
 def paged_logits(qs: tuple[torch.Tensor, Any], kv_cache: torch.Tensor, weights: torch.Tensor,
                  seq_lens: torch.Tensor, block_table: torch.Tensor, schedule: Any, max_model_len: int,
                  logits_dtype: torch.dtype = torch.float32, **_: Any) -> torch.Tensor:
@@ -92,6 +107,7 @@ def paged_logits(qs: tuple[torch.Tensor, Any], kv_cache: torch.Tensor, weights: 
     return out
 
 
+@kernel
 def gather_keys(kv_cache: torch.Tensor, k_quant: torch.Tensor, k_scale: torch.Tensor, block_table: torch.Tensor,
                 cu_seq_lens: torch.Tensor) -> None:
     """`cp_gather_indexer_k_quant_cache`: request b's keys, block by block of its row of the block table,
@@ -113,6 +129,7 @@ def _select(row: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([picked, torch.full((k - n,), -1, dtype=torch.int32)])
 
 
+@kernel
 def top_k_per_row_prefill(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
                           indices: torch.Tensor, num_rows: int, stride0: int, stride1: int, k: int) -> None:
     """The prefill top-k op: row i's top k of columns [start, end), as offsets from start."""
@@ -121,6 +138,7 @@ def top_k_per_row_prefill(logits: torch.Tensor, row_starts: torch.Tensor, row_en
         indices[i, :k] = _select(logits[i, a:b], k)
 
 
+@kernel
 def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seq_lens: torch.Tensor, indices: torch.Tensor,
                          num_rows: int, stride0: int, stride1: int, k: int) -> None:
     """The decode top-k op: row i's top k of its first `decode_ends` columns."""
@@ -128,6 +146,7 @@ def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seq_lens: torch.Tens
         indices[i, :k] = _select(logits[i, :end], k)
 
 
+@kernel
 def deep_select(input: torch.Tensor, k: int, begin: Any, end: torch.Tensor | None, sorted_value: bool,
                 sorted_index: bool, output_value: Any, output_idx: torch.Tensor, output_idx_offset: Any,
                 idx_fill: int, value_fill: float, return_value: bool, abort_on_nan: bool) -> None:
@@ -137,6 +156,7 @@ def deep_select(input: torch.Tensor, k: int, begin: Any, end: torch.Tensor | Non
         output_idx[i, :k] = _select(input[i, :stop], k)
 
 
+@kernel
 def fused_topk(q: torch.Tensor, k_quant: torch.Tensor, key_scales: torch.Tensor, weights: torch.Tensor,
                cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, out: torch.Tensor) -> None:
     """`fused_mqa_topk_prefill`: scores and selects row by row, no logits matrix."""

@@ -74,8 +74,9 @@ def inert(name: str) -> type:
 
 class InertModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
+        if name.startswith("__") or any((Path(d) / name).is_dir() or (Path(d) / f"{name}.py").exists()
+                                        for d in getattr(self, "__path__", ())):
+            raise AttributeError(name)  # a submodule: imported as one, never an inert name
         value = inert(f"{self.__name__}.{name}")
         setattr(self, name, value)
         return value
