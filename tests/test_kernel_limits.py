@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from logitreplay.datasets import synth
 from logitreplay.errors import KernelError
 from logitreplay.selectors import cpu_models
 from logitreplay.selectors.cuda.kernels import DeepSelectCuda, NativeCuda, SplitCuda
@@ -80,6 +81,18 @@ def test_the_first_round_must_hold_the_first_thresholds_rank() -> None:
     for r, n in enumerate((cols, fits)):
         chosen = x[r, idx[r].long()].sort().values
         assert torch.equal(chosen, torch.topk(x[r, :n], top_k).values.sort().values)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_every_family_takes_the_long_suites_layouts(family: type[NativeCuda]) -> None:
+    """Issue 41's shapes at 2^20 columns, fp32 and bf16, and the GPU tests' launches whose rows start past
+    element 2^31 (tests/gpu/test_gpu_long.py) are within every kernel's host-side limits (split's plan
+    indexes all their parts), so a GPU run of the long suites times every kernel on every case."""
+    shapes = {(r.rows, r.cols, r.top_k) for s in ("long", "long-decode") for r in synth.recipes(s, "full")}
+    for rows, cols, top_k in sorted(shapes | {(2100, 1 << 20, 2048), (600, 1 << 20, 2048)}):  # strides: no limit
+        for dtype in (torch.float32, torch.bfloat16):
+            logits, starts, ends, out = _meta(rows, cols, top_k, dtype)
+            family().check_layout(logits, starts, ends, top_k, out)
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
