@@ -16,6 +16,7 @@ import inspect
 import json
 import multiprocessing
 import os
+import re
 import signal
 import time
 import tomllib
@@ -500,3 +501,12 @@ def test_tp2_ranks_that_store(dp: int, ranks: str, stores: list[bool], tmp_path:
         [case] = _cases(out)
         _assert_case(case, f, 0)
         assert case.attrs["tensor_parallel"]["tp_rank"] == rank
+
+
+def test_every_test_the_supported_versions_table_names_exists() -> None:
+    """docs/capture.md's SGLang rows name the tests that prove them: each is one of this module's."""
+    doc = (Path(__file__).parents[1] / "docs" / "capture.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| SGLang")]
+    named = re.findall(r"tests/test_capture_sglang\.py::(\w+)", "\n".join(rows))
+    assert len(rows) >= 10 and named
+    assert [n for n in named if not callable(globals().get(n))] == []
