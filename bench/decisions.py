@@ -12,8 +12,8 @@
 
     .venv/bin/python bench/decisions.py --device cuda [--capture ARCHIVE ...] [--out bench/results/decisions]
 
-On a CPU (`--device cpu`, small scale) it checks the plumbing only: the CPU models' 3-sample wall clock
-is far too noisy for the targets, and the table says so. The reports, the rule and a Markdown table for
+On a CPU (`--device cpu`, small scale) it checks the plumbing only: the CPU models' wall clock (10
+samples per case, the fewest `compare` judges) is far too noisy for the targets, and the table says so. The reports, the rule and a Markdown table for
 bench/RESULTS.md are written under --out.
 
 `--fit REPORT.json ...` needs no device: it fits the rule on replay reports already made (committed GPU
@@ -51,7 +51,7 @@ from pathlib import Path
 
 from logitreplay.archive import Archive
 from logitreplay.datasets import synth
-from logitreplay.replay.compare import auto_vs_best
+from logitreplay.replay.compare import MIN_SAMPLES, auto_vs_best
 from logitreplay.replay.recommend import NEAR_BEST, Features, evaluate, fit_reports
 from logitreplay.replay.results import ReplayResult, read_json
 from logitreplay.selectors.features import FEATURES, features
@@ -213,7 +213,8 @@ def main() -> None:
     if args.fit:
         print("\n".join(fit_and_evaluate(args.fit, args.evaluate or args.fit, among, out, args.hold_out)))
         return
-    common = ["--device", args.device]
+    # compare judges a ratio only on MIN_SAMPLES samples a side: the CPU models' default 3 are too few
+    common = ["--device", args.device] + (["--rounds", str(MIN_SAMPLES)] if args.device == "cpu" else [])
     started = time.time()
 
     # 1. replay the suites with auto's selectors, fit the rule on them, then replay auto by it
@@ -268,8 +269,8 @@ def main() -> None:
              "| validation | target | measured | met |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {'yes' if ok else 'no'} |" for a, b, c, ok in rows]
     if args.device == "cpu":
-        lines.append("CPU: wall clock of the algorithm models, 3 samples per case: checks the plumbing, not "
-                     "the targets (those need the GPU protocol's 40 samples).")
+        lines.append(f"CPU: wall clock of the algorithm models, {MIN_SAMPLES} samples per case: checks the plumbing, "
+                     "not the targets (those need the GPU protocol's 40 samples).")
     text = "\n".join(lines)
     (out / "decisions.md").write_text(text + "\n")
     print(text)
