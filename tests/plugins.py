@@ -127,6 +127,22 @@ def make_absolute() -> _Corrupting:
     return _Corrupting("absolute", corrupt)
 
 
+def make_lossy() -> _Corrupting:
+    """An approximate selector: in every row longer than k it selects the (k+1)-th largest value instead
+    of the k-th (recall (k - 1) / k there, exact elsewhere)."""
+
+    def corrupt(out, scratch, logits, starts, ends):
+        out.copy_(scratch)
+        k = out.shape[1]
+        for r in range(out.shape[0]):
+            s, e = int(starts[r]), int(ends[r])
+            if e - s > k:
+                order = torch.argsort(logits[r, s:e], descending=True)
+                out[r][out[r] == order[k - 1]] = int(order[k])
+
+    return _Corrupting("lossy", corrupt)
+
+
 def make_raises() -> _Corrupting:
     def corrupt(out, scratch, logits, starts, ends):
         raise RuntimeError("deliberate failure inside the launch")

@@ -49,7 +49,7 @@ def compare_cmd(base_path: Path, new_path: Path, fail_above: float | None, toler
     result = compare(base, new, tolerance, seed, resamples)
     if why is not None:
         result.notes.insert(0, f"compared with --force although {why}")
-    if not result.rows:
+    if not result.rows and not result.recall:
         raise DecisionError(f"nothing to compare: no case and selector was timed in both reports ({base_path}: "
                             f"{plural(len(base.cases), 'case')}, {new_path}: {plural(len(new.cases), 'case')})")
     few = result.too_few()
@@ -69,6 +69,22 @@ def compare_cmd(base_path: Path, new_path: Path, fail_above: float | None, toler
         raise click.ClickException(f"--fail-above {fail_above:g}: {len(above)} ratios lie above it, worst "
                                    f"{worst.case_id}/{worst.selector} {worst.ratio:.3f}x "
                                    f"[{worst.low:.3f}, {worst.high:.3f}]")
+
+
+def _recall_lines(result: Comparison, short: dict[str, str]) -> list[str]:
+    """The selections whose values were not exact in a report: each side's status and least recall."""
+    if not result.recall:
+        return []
+
+    def side(status: str | None, recall: float | None) -> str:
+        return "-" if status is None else status if recall is None else f"{status} {recall:.4f}"
+
+    columns = [Column("case", fold=True), Column("sel"), Column("base: least recall", right=True),
+               Column("new: least recall", right=True)]
+    cells = [[r.case_id, short.get(r.selector, r.selector), side(r.base_status, r.base_recall),
+              side(r.new_status, r.new_recall)] for r in result.recall]
+    return wrap("values not exact in a report (recall: the least fraction of a row's exact top-k values "
+                "found; 1.0000: exact):") + render(columns, cells)
 
 
 def _print(result: Comparison, base: ReplayResult, base_path: Path, new_path: Path) -> None:
@@ -93,6 +109,7 @@ def _print(result: Comparison, base: ReplayResult, base_path: Path, new_path: Pa
     if counts[TOO_FEW]:
         lines += wrap(f"{TOO_FEW}: under {MIN_SAMPLES} on a side, a 95% interval of a median is not to be had "
                       "from the samples, so no flag (replay with more --rounds)")
+    lines += _recall_lines(result, short)
     for what, items in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):
         if items:
             lines += wrap(f"{what}: {', '.join(items[:5])}" + (" ..." if len(items) > 5 else ""))

@@ -118,7 +118,7 @@ def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, pl
 # The options --resume takes from the report's recorded configuration (the outputs it may be given anew).
 _RUN_OPTIONS = ("locations", "suite", "scale", "names", "specs", "baseline", "case_globs", "case_regex", "device",
                 "warmup", "rounds", "timer", "l2", "poison", "recommend", "isolate", "timeout_s", "controls",
-                "per_forward", "rule_out", "rule_path", "devices")
+                "per_forward", "rule_out", "rule_path", "devices", "tolerate_recall")
 
 
 def _interrupted(stop: ReplayInterrupted, json_out: str | None, csv_path: Path | None, plot_path: Path | None,
@@ -234,6 +234,9 @@ def _resume(path: Path, json_out: str | None, csv_path: Path | None, plot_path: 
 @click.option("--devices", default=None, metavar="0,1,...", help="One rank per listed GPU of this machine (with "
               "--device cpu, one CPU rank per entry), each replaying a cost-balanced share of the cases; one "
               "report, with a ranks section (torchrun -m logitreplay replay across machines: docs/distributed.md).")
+@click.option("--tolerate-recall", "tolerate_recall", type=click.FloatRange(0, 1), default=None, metavar="R",
+              help="An approximate selector passes check 3 when every row holds at least this fraction R of the "
+              "exact top-k's values; it is timed and reported as approximate, never as exact.")
 @user_errors
 def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None, names: str,
                specs: tuple[str, ...], baseline: str | None, case_globs: tuple[str, ...],
@@ -241,7 +244,8 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                timer: str | None, l2: str | None, poison: float, json_out: str | None,
                csv_path: Path | None, plot_path: Path | None, wide: bool, recommend: bool, isolate: bool,
                timeout_s: float | None, controls: tuple[str, ...], per_forward: bool, rule_out: Path | None,
-               rule_path: Path | None, strict: bool, resume_path: Path | None, devices: str | None) -> None:
+               rule_path: Path | None, strict: bool, resume_path: Path | None, devices: str | None,
+               tolerate_recall: float | None) -> None:
     """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
     control suite against top-k selectors: verify every selector's output, time the verified ones, and
     print a table of median times and ratios to a baseline. Stopped by Ctrl-C (SIGINT) or SIGTERM, it
@@ -258,7 +262,8 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                                  param_hint="--rule")
     config = ReplayConfig(locations, suite, scale, selectors, baseline, case_globs, case_regex, controls,
                           device=device, warmup=warmup, rounds=rounds, timer=timer, l2=l2,  # type: ignore[arg-type]
-                          poison=poison, isolate=isolate, timeout_s=timeout_s, rule_path=rule_path)
+                          poison=poison, isolate=isolate, timeout_s=timeout_s, rule_path=rule_path,
+                          tolerate_recall=tolerate_recall)
     _warn_full_scale_on_cpu(config)
     if devices is not None or supervising():
         raise SystemExit(start(devices, config, sys.argv[1:]))

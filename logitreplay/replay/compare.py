@@ -22,6 +22,10 @@ the same timing protocol; `comparable` says why not, and the caller refuses unle
 in library versions or driver are noted, not refused. A report's GPUs are those that timed its cases
 (per rank, for a distributed replay or a `merge` of jobs on several GPU kinds); compared across GPU
 kinds (`--force`), every row names the GPU of each side, so it says how each case moved.
+
+Times say nothing of a selector whose values are wrong: `recall` lists, per case and selector whose
+values were not exact in either report (check 3 failed, or passed as approximate), the least recall of a
+row on each side (recall.py), so that a change that loses values, or repairs them, shows too.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from logitreplay.replay.merge import case_gpus, protocol_difference
-from logitreplay.replay.results import ReplayResult
+from logitreplay.replay.results import ReplayResult, SelectorResult
 
 RESAMPLES = 2000
 TOLERANCE = 0.01
@@ -61,8 +65,22 @@ class RatioCI:
 
 
 @dataclass
+class RecallChange:
+    """One (case, selector) whose values were not exact in at least one report: each side's status and
+    least recall of a row (1.0: exact values; None: its values were never compared there)."""
+
+    case_id: str
+    selector: str
+    base_status: str | None
+    new_status: str | None
+    base_recall: float | None
+    new_recall: float | None
+
+
+@dataclass
 class Comparison:
     rows: list[RatioCI] = field(default_factory=list)
+    recall: list[RecallChange] = field(default_factory=list)
     only_base: list[str] = field(default_factory=list)  # "case/selector" timed in BASE only
     only_new: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -149,6 +167,34 @@ def compare(base: ReplayResult, new: ReplayResult, tolerance: float = TOLERANCE,
                                     base_samples=n[0], new_samples=n[1], base_gpu=gpus[0][case.case_id],
                                     new_gpu=gpus[1].get(case.case_id)))
     out.only_new = [f"{c}/{s}" for (c, s) in timed_new if (c, s) not in seen]
+    out.recall = recall_changes(base, new)
+    return out
+
+
+def _recall(result: SelectorResult | None) -> tuple[str | None, float | None]:
+    """A result's status and least recall of a row: 1.0 for exact values, None where never compared."""
+    if result is None:
+        return None, None
+    if result.damage is not None:
+        return result.status, result.damage.recall_min
+    return result.status, 1.0 if result.status == "ok" else None
+
+
+def recall_changes(base: ReplayResult, new: ReplayResult) -> list[RecallChange]:
+    """`Comparison.recall` (module docstring), in BASE's case order, then NEW's cases BASE lacks."""
+    new_cases = {c.case_id: c for c in new.cases}
+    ids = [c.case_id for c in base.cases] + [c.case_id for c in new.cases if c.case_id not in
+                                             {b.case_id for b in base.cases}]
+    base_cases = {c.case_id: c for c in base.cases}
+    out = []
+    for case_id in ids:
+        b, n = base_cases.get(case_id), new_cases.get(case_id)
+        for selector in dict.fromkeys(base.selectors + new.selectors):
+            rb, rn = (None if c is None else c.result(selector) for c in (b, n))
+            if all(r is None or r.damage is None for r in (rb, rn)):
+                continue
+            (bs, br), (ns, nr) = _recall(rb), _recall(rn)
+            out.append(RecallChange(case_id, selector, bs, ns, br, nr))
     return out
 
 
@@ -192,4 +238,4 @@ def _stable(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
-__all__ = ["MIN_SAMPLES", "TOO_FEW", "AutoScore", "Comparison", "RatioCI", "auto_vs_best", "bootstrap_ratio", "compare", "comparable", "flag"]
+__all__ = ["MIN_SAMPLES", "TOO_FEW", "AutoScore", "Comparison", "RatioCI", "RecallChange", "recall_changes", "auto_vs_best", "bootstrap_ratio", "compare", "comparable", "flag"]

@@ -8,7 +8,8 @@ the expected values from it once. Then, per selector, in one place (`_verify_sel
   1. `supports`: None, or the reason it is reported unsupported;
   2. a fresh copy of the inputs (matrix storage with its poison, row starts, row ends) and a
      sentinel-filled output buffer of its own;
-  3. `prepare`, one launch, checks 1-4, then the device's extra checks (5: CUDA graph replay);
+  3. `prepare`, one launch, checks 1-4, then the device's extra checks (5: CUDA graph replay); where
+     check 3 finds wrong values (or `--tolerate-recall` judges it on recall), their damage (recall.py);
   4. check 6: its copy of the inputs is still bit for bit the original (a selector writing into its
      logits or bounds fails itself, never the next selector).
 
@@ -43,6 +44,7 @@ from logitreplay.errors import ArchiveError, one_line
 from logitreplay.replay.cuda_errors import DeviceLost, raise_if_lost
 from logitreplay.replay.fast_path import fast_path
 from logitreplay.replay.protocol import Timing, TimingProtocol
+from logitreplay.replay.recall import Damage
 from logitreplay.replay.results import CaseResult, SelectorResult
 from logitreplay.replay.sources import Unreadable, describe_source
 from logitreplay.replay.timing import time_launches
@@ -55,6 +57,7 @@ from logitreplay.replay.verify import (
     OutputBuffer,
     Prepared,
     check_output,
+    damage_of,
     expected_values,
     nan_row,
 )
@@ -165,8 +168,10 @@ class _Verified:
 
 def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device, protocol: TimingProtocol,
                 poison: float = 1e30, extra_checks: Sequence[ExtraCheck] = (),
-                read_bandwidth: float | None = None) -> CaseResult:
-    """Replay one case against every selector (see the module docstring); `read_bandwidth` in bytes/s."""
+                read_bandwidth: float | None = None, min_recall: float | None = None) -> CaseResult:
+    """Replay one case against every selector (see the module docstring); `read_bandwidth` in bytes/s;
+    `min_recall` (`replay --tolerate-recall`) lets a selector whose every row reaches that recall pass
+    check 3 as approximate."""
     result = case_header(case, read_bandwidth)
     try:
         check_memory(f"case {case.case_id}", f"its replay ({len(selectors)} selectors)",
@@ -182,7 +187,7 @@ def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device,
                          torch.from_numpy(case.row_ends).to(device))
     expected = expected_values(original.logits, original.row_starts, original.row_ends, case.top_k)
     try:
-        _verify_and_time(case, selectors, original, expected, device, protocol, extra_checks, result)
+        _verify_and_time(case, selectors, original, expected, device, protocol, extra_checks, result, min_recall)
     except DeviceLost as lost:  # only the culprit's result stands; the caller redoes the rest elsewhere
         result.results = [lost.result] if lost.result is not None else []
         lost.partial = result
@@ -192,10 +197,10 @@ def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device,
 
 def _verify_and_time(case: Case, selectors: Sequence[Selector], original: Inputs, expected: torch.Tensor,
                      device: torch.device, protocol: TimingProtocol, extra_checks: Sequence[ExtraCheck],
-                     result: CaseResult) -> None:
+                     result: CaseResult, min_recall: float | None) -> None:
     verified: list[_Verified] = []
     for sel in selectors:
-        res, ok = _verify_selector(sel, case, original, expected, device, extra_checks)
+        res, ok = _verify_selector(sel, case, original, expected, device, extra_checks, min_recall)
         result.results.append(res)
         if ok is not None:
             verified.append(ok)
@@ -208,7 +213,7 @@ def _verify_and_time(case: Case, selectors: Sequence[Selector], original: Inputs
             v.result.status, v.result.reason = "error", timing
             continue
         try:
-            failures = _after_timing(v, case, original, expected, device)
+            failures = _after_timing(v, case, original, expected, device, min_recall)
         except BaseException as e:  # an asynchronous CUDA error of the timed calls surfaces here
             v.result.status, v.result.reason = "error", f"after timing: {_plugin_error(e)}"
             raise_if_lost(device, v.result)
@@ -220,7 +225,8 @@ def _verify_and_time(case: Case, selectors: Sequence[Selector], original: Inputs
 
 
 def _verify_selector(sel: Selector, case: Case, original: Inputs, expected: torch.Tensor, device: torch.device,
-                     extra_checks: Sequence[ExtraCheck]) -> tuple[SelectorResult, _Verified | None]:
+                     extra_checks: Sequence[ExtraCheck],
+                     min_recall: float | None) -> tuple[SelectorResult, _Verified | None]:
     """Steps 1-4 of the module docstring for one selector; a `_Verified` when it may be timed."""
     res = SelectorResult(str(getattr(sel, "name", sel)), "ok")
     try:
@@ -239,9 +245,12 @@ def _verify_selector(sel: Selector, case: Case, original: Inputs, expected: torc
         launch()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        failures = check_output(case, original.logits, original.row_starts, original.row_ends, out, expected)
+        failures = check_output(case, original.logits, original.row_starts, original.row_ends, out, expected,
+                                min_recall)
+        res.damage = _damage(failures, original, out, expected, min_recall)
         if not failures:
-            prepared = Prepared(case, sel, launch, out, inputs.logits, inputs.row_starts, inputs.row_ends)
+            prepared = Prepared(case, sel, launch, out, inputs.logits, inputs.row_starts, inputs.row_ends,
+                                min_recall)
             failures = [f for check in extra_checks for f in check(prepared)]
         changed = inputs.changed(case.case_id, original)
     except BaseException as e:
@@ -252,6 +261,8 @@ def _verify_selector(sel: Selector, case: Case, original: Inputs, expected: torc
     if failures:
         _failed(res, failures)
         return res, None
+    if res.damage is not None:
+        res.status = "approximate"
     note = getattr(sel, "note", None)  # an adapter's own line (its staging copy, the backend it chose)
     if callable(note):
         with contextlib.suppress(Exception):
@@ -260,16 +271,24 @@ def _verify_selector(sel: Selector, case: Case, original: Inputs, expected: torc
 
 
 def _after_timing(v: _Verified, case: Case, original: Inputs, expected: torch.Tensor,
-                  device: torch.device) -> list[Failure]:
+                  device: torch.device, min_recall: float | None) -> list[Failure]:
     """Check 7 (the last timed call's output passes checks 1-4) and check 6 again, after timing."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     failures = [Failure(TIMED_CHECK, TIMED, f.case_id, f.row,
                         f"output of the last timed call: check {f.check} ({f.name}): {f.detail}")
                 for f in check_output(case, original.logits, original.row_starts, original.row_ends, v.output,
-                                      expected)]
+                                      expected, min_recall)]
     changed = v.inputs.changed(case.case_id, original)
     return failures + ([changed] if changed is not None else [])
+
+
+def _damage(failures: list[Failure], original: Inputs, out: OutputBuffer, expected: torch.Tensor,
+            min_recall: float | None) -> Damage | None:
+    """The damage of a selection whose values check 3 found wrong, or tolerated (None when exact)."""
+    if min_recall is None and not any(f.check == 3 for f in failures):
+        return None
+    return damage_of(original.logits, original.row_starts, original.row_ends, out.view, expected)
 
 
 def _failed(res: SelectorResult, failures: list[Failure]) -> None:
@@ -300,14 +319,14 @@ def _time(launches: dict[str, Launch], device: torch.device,
 
 def replay(cases: Iterable[Case | Unreadable], selectors: Sequence[Selector], device: torch.device,
            protocol: TimingProtocol, poison: float = 1e30, extra_checks: Sequence[ExtraCheck] = (),
-           read_bandwidth: float | None = None) -> Iterator[CaseResult]:
-    """Replay cases one at a time (each is dropped before the next is read)."""
+           read_bandwidth: float | None = None, min_recall: float | None = None) -> Iterator[CaseResult]:
+    """Replay cases one at a time (each is dropped before the next is read); `min_recall` as `replay_case`."""
     with _watch_ctrl_c():
         for case in cases:
             if isinstance(case, Unreadable):
                 yield CaseResult(case.case_id, 0, 0, 0, "-", 0, "unreadable", 0, invalid=case.reason)
                 continue
-            yield replay_case(case, selectors, device, protocol, poison, extra_checks, read_bandwidth)
+            yield replay_case(case, selectors, device, protocol, poison, extra_checks, read_bandwidth, min_recall)
 
 
 __all__ = ["Unbuildable", "case_header", "device_checks", "replay", "replay_bytes", "replay_case"]

@@ -40,7 +40,7 @@ def graph_replay_check(p: Prepared) -> list[Failure]:
         graph.replay()
         torch.cuda.synchronize(p.logits.device)
         expected = expected_values(p.logits, p.row_starts, p.row_ends, p.case.top_k)
-        found = check_output(p.case, p.logits, p.row_starts, p.row_ends, p.output, expected)
+        found = check_output(p.case, p.logits, p.row_starts, p.row_ends, p.output, expected, p.min_recall)
     finally:
         p.row_ends.copy_(original)
         torch.cuda.synchronize(p.logits.device)

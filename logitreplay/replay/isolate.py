@@ -87,6 +87,7 @@ class Job:
     case_globs: tuple[str, ...] = ()  # `replay --case`, `--match`: the same cases as the parent
     case_regex: str | None = None
     only: tuple[int, ...] | None = None  # `ReplayConfig.case_indices`: the same subset as the parent
+    min_recall: float | None = None  # `replay --tolerate-recall`
     start: int = 0
     known: tuple[str, ...] = ()
     one_by_one: bool = False
@@ -391,7 +392,8 @@ def _work(job: Job, out: Connection, log: str) -> None:
             names = tuple(s.name for s in group)
             out.send(("step", index, names))
             try:
-                result = next(replay([case], group, device, protocol, job.poison, extra, job.read_bandwidth))
+                result = next(replay([case], group, device, protocol, job.poison, extra, job.read_bandwidth,
+                                     job.min_recall))
             except DeviceLost as lost:  # this process can do no more GPU work: a fresh worker goes on
                 out.send(("lost", index, lost.partial, str(lost), lost.result.selector if lost.result else None))
                 return

@@ -36,6 +36,7 @@ from logitreplay.replay.results import CaseResult, ReplayResult, SelectorResult
 _CELL_CHARS = 48
 DISPERSION_CV = 0.05  # above it a timed cell is marked `~`
 NOISY = "~"
+APPROXIMATE = "\u2248"  # a timed cell of a selector that passed on recall (--tolerate-recall), not exact values
 # Short forms of the built-in names for the narrow table; other names longer than 7 characters keep 6.
 _SHORT = {"reference": "ref", "native": "nat", "deepselect": "dsel"}
 
@@ -138,10 +139,13 @@ def cell(res: SelectorResult | None, scale: float = 1.0) -> str:
         return ""
     if res.status == "ok" and res.timing is not None:
         return _time(res.timing, scale)
+    if res.status == "approximate" and res.timing is not None and res.damage is not None:
+        return f"{_time(res.timing, scale)} approximate, recall >= {res.damage.recall_min:.4f}"
     if res.status == "unsupported":
         return f"unsupported: {res.reason}"
     if res.status == "failed":
-        return f"FAILED: {res.reason} row {res.failures[0].row}"
+        recall = "" if res.damage is None else f", recall {res.damage.recall_min:.4f}"
+        return f"FAILED: {res.reason} row {res.failures[0].row}{recall}"
     reason = res.reason or ""  # printed in full under the table
     return f"ERROR: {reason if len(reason) <= _CELL_CHARS else reason[:_CELL_CHARS - 3] + '...'}"
 
@@ -152,6 +156,10 @@ def short_cell(res: SelectorResult | None, scale: float = 1.0) -> str:
         return ""
     if res.status == "ok" and res.timing is not None:
         return _time(res.timing, scale)
+    if res.status == "approximate" and res.timing is not None:
+        return _time(res.timing, scale) + APPROXIMATE
+    if res.status == "failed" and res.damage is not None and res.failures[0].check == 3:
+        return f"FAIL {res.damage.short()}"
     if res.status == "failed":
         return f"FAIL c{res.failures[0].check}" if res.failures else "FAIL"
     return {"unsupported": "unsup", "error": "ERROR"}.get(res.status, res.status)
@@ -269,6 +277,8 @@ def legend(result: ReplayResult, wide: bool = False, left_out: Sequence[str] = (
                          "every column)")
         lines += _not_timed(result)
         lines += _fast_path(result)
+    if any(r.status == "approximate" for r in cells):
+        lines.append(f"{APPROXIMATE}: approximate: passed on the recall --tolerate-recall asks, not on exact values")
     if noisy:
         lines.append(f"{NOISY}: the samples' CV is above {DISPERSION_CV:.0%}: compare with care, or use more --rounds")
     return lines
@@ -280,8 +290,11 @@ def _not_timed(result: ReplayResult) -> list[str]:
     lines = [f"unsup: {sel} declined {n} case{'s' if n != 1 else ''}: {why}" for (sel, why), n in unsupported.items()]
     lines += [f"invalid: case {c.case_id}: {c.invalid.replace(f'case {c.case_id}: ', '', 1)}"
               for c in result.cases if c.invalid]  # the reason may name the case too
-    if any(r.status == "failed" for c in result.cases for r in c.results):
+    failed = [r for c in result.cases for r in c.results if r.status == "failed"]
+    if any(r.damage is None or r.failures[0].check != 3 for r in failed):
         lines.append("FAIL cN: verification check N failed (details below)")
+    if any(r.damage is not None and r.failures[0].check == 3 for r in failed):
+        lines.append("FAIL rX: check 3 failed (wrong values); X: the least recall of a row (damage below)")
     return lines
 
 
@@ -318,6 +331,9 @@ def print_report(result: ReplayResult, console: Console, wide: bool = False) -> 
         for res in case.results:
             for f in res.failures:
                 print_lines(console, wrap(f"FAILED {res.selector}: {f}", width), style="red")
+            if res.damage is not None:
+                what = "APPROXIMATE" if res.status == "approximate" else "DAMAGE"
+                print_lines(console, wrap(f"{what} {res.selector} on case {case.case_id}: {res.damage}", width))
             if res.status == "error":
                 print_lines(console, wrap(f"ERROR {res.selector} on case {case.case_id}: {res.reason}", width),
                             style="red")

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 from logitreplay.errors import LogitreplayError, one_line
 from logitreplay.replay.protocol import Timing, TimingProtocol
+from logitreplay.replay.recall import Damage
 from logitreplay.replay.verify import Failure
 
 T = TypeVar("T")
@@ -29,16 +30,21 @@ T = TypeVar("T")
 class SelectorResult:
     """What happened to one selector on one case.
 
-    `status`: "ok" (verified, and `timing` holds its samples), "unsupported" (`reason` is what
-    `supports` said), "failed" (a verification check failed: `failures`, first check first; `reason`
-    names it) or "error" (`supports`, `prepare`, the launch or the timing raised: `reason` is the
-    exception in one line)."""
+    `status`: "ok" (verified, and `timing` holds its samples), "approximate" (verified and timed under
+    `replay --tolerate-recall`: its values are not the exact top-k's, but every row's recall reaches the
+    tolerance; never called exact), "unsupported" (`reason` is what `supports` said), "failed" (a
+    verification check failed: `failures`, first check first; `reason` names it) or "error" (`supports`,
+    `prepare`, the launch or the timing raised: `reason` is the exception in one line).
+
+    `damage`: how far its selected values are from the exact top-k's (recall.py), wherever they differ
+    (check 3 failed, or an approximate selector); None where they are exact or were never compared."""
 
     selector: str
     status: str
     reason: str | None = None
     failures: list[Failure] = field(default_factory=list)
     timing: Timing | None = None
+    damage: Damage | None = None
 
 
 @dataclass

@@ -61,7 +61,8 @@ class ReplayConfig:
     `l2`: the timing protocol (TimingProtocol.for_device's defaults); `poison`: the value of the cells
     outside each row's bounds. `isolate`: every selector in a child process of its own; `timeout_s`:
     seconds one selector may spend on one case there (implies `isolate`). `rule_path`: the dispatch
-    rule the `auto` selector follows."""
+    rule the `auto` selector follows. `tolerate_recall`: a selector whose every row reaches this recall
+    of the exact top-k's values passes check 3 as approximate (recall.py)."""
 
     locations: tuple[str, ...] = ()
     suite: str | None = None
@@ -81,6 +82,7 @@ class ReplayConfig:
     isolate: bool = False
     timeout_s: float | None = None
     rule_path: Path | None = None
+    tolerate_recall: float | None = None
 
 
 @dataclass
@@ -256,7 +258,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
     alone = config.isolate or config.timeout_s is not None or own_process
     job = Job((), (), pinned, config.suite, config.scale or "small", str(dev), protocol.to_json(), config.poison,
               read_bandwidth, controls=config.controls, case_globs=config.case_globs, case_regex=config.case_regex,
-              only=config.case_indices)
+              only=config.case_indices, min_recall=config.tolerate_recall)
     together = list(zip(config.selectors, columns, strict=True))
     jobs = [replace(job, specs=(spec,), names=(name,)) for spec, name in together] if alone else \
         [replace(job, specs=tuple(config.selectors), names=tuple(columns))]
@@ -279,6 +281,9 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
     result.cases = merge(per_selector, columns, total)
     if own_process and not config.isolate:
         notes.append("kernel libraries from different builds: each selector ran in its own process")
+    if config.tolerate_recall is not None:
+        notes.append(f"--tolerate-recall {config.tolerate_recall}: a selector whose every row holds at least that "
+                     "fraction of the exact top-k's values passed as approximate (not exact)")
     if alone:
         notes.append("--isolate: each selector ran in its own process; timing rounds alternate only within "
                      "a selector")

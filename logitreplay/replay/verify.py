@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from logitreplay.archive import Case
+from logitreplay.replay.recall import Damage, damage, row_recall
 from logitreplay.selectors.base import Launch, Selector
 
 SENTINEL = -0x5A5A5A5A  # never a valid index nor -1: a slot still holding it was not written
@@ -94,7 +95,7 @@ def expected_values(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: to
     return out
 
 
-def _selected_values(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+def selected_values(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
                      idx: torch.Tensor) -> torch.Tensor:
     rows, cols = logits.shape
     valid = (idx >= 0) & (idx < (ends - starts).unsqueeze(1))
@@ -105,10 +106,12 @@ def _selected_values(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Ten
 
 
 def check_output(case: Case, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
-                 output: OutputBuffer, expected: torch.Tensor) -> list[Failure]:
+                 output: OutputBuffer, expected: torch.Tensor, min_recall: float | None = None) -> list[Failure]:
     """Run checks 1-4 on what a selector wrote into `output`; returns every failed check (empty: verified).
 
-    `expected` is `expected_values` of the case. Each failure reports its first failing row.
+    `expected` is `expected_values` of the case. Each failure reports its first failing row. With
+    `min_recall` (`replay --tolerate-recall`), check 3 asks only that every row's recall (recall.py) be
+    at least that: an approximate selection passes it.
     """
     out = output.view
     k = out.shape[1]
@@ -152,18 +155,28 @@ def check_output(case: Case, logits: torch.Tensor, row_starts: torch.Tensor, row
         fail(2, row, detail)
     # 3: the selected values, as a sorted multiset, equal the expected ones. Exact comparison, where
     # -0.0 == 0.0 as in the order every selector uses. Rows already failing 1 or 2 are not repeated here.
-    got = _selected_values(logits, row_starts, row_ends, out)
+    got = selected_values(logits, row_starts, row_ends, out)
     diff = got != expected
-    row = first(diff.any(1) & ~bad1 & ~bad2)
+    recall = None if min_recall is None else row_recall(got, expected, need.squeeze(1))
+    wrong = diff.any(1) if recall is None or min_recall is None else recall < min_recall
+    row = first(wrong & ~bad1 & ~bad2)
     if row is not None:
         j = int(diff[row].nonzero()[0, 0])
+        below = "" if recall is None else f" (recall {float(recall[row]):.4f} below {min_recall})"
         fail(3, row, f"sorted selected values differ at rank {k - j} from the top: "
-                     f"{float(got[row, j])!r} vs expected {float(expected[row, j])!r}")
+                     f"{float(got[row, j])!r} vs expected {float(expected[row, j])!r}{below}")
     # 4: nothing outside the view.
     outside = output.outside_written()
     if outside is not None:
         fail(4, outside[0], outside[1])
     return failures
+
+
+def damage_of(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
+              expected: torch.Tensor) -> Damage | None:
+    """The damage (recall.py) of the selection in the output view `out`; None when its values are exact."""
+    need = (row_ends - row_starts).to(torch.int64).clamp(min=0, max=out.shape[1])
+    return damage(selected_values(logits, row_starts, row_ends, out), expected, need)
 
 
 def nan_row(case: Case, device: torch.device | str = "cpu") -> int | None:
@@ -235,6 +248,7 @@ class Prepared:
     logits: torch.Tensor
     row_starts: torch.Tensor
     row_ends: torch.Tensor
+    min_recall: float | None = None  # `replay --tolerate-recall`: check 3 on recall (check_output)
 
 
 ExtraCheck = Callable[[Prepared], list[Failure]]
