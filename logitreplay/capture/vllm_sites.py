@@ -70,7 +70,8 @@ def _prefill_case(facts: vllm_frames.Prefill, logits: torch.Tensor, starts: torc
     extras, finish = None, None
     if facts.positions is not None:  # ShardQ: rows are this rank's, gathered; record where each sits
         extras, finish = {"row_positions": facts.positions}, _row_positions
-    window = None if facts.shard is None else (facts.row_start, facts.row_end)
+    # 0.33's windows are rows of the step; ShardQ rows are gathered, their step positions are row_positions
+    window = (facts.row_start, facts.row_end) if facts.shard is not None and "sizes" in facts.shard else None
     return Call(logits, starts, ends, reference, top_k, int(logits.stride(0)), facts.layer,
                 facts.num_reqs if facts.whole_chunk and facts.shard is None else None, facts.key_offsets, attrs,
                 facts.shard, window, extras, finish)
