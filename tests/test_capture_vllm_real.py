@@ -129,6 +129,37 @@ def test_dense_sub_windows_of_034_have_their_own_rows_and_requests(vllm_0340_tre
         assert (c.attrs["chunk"]["token_start"], c.attrs["chunk"]["token_end"]) == (0, 21)
 
 
+def test_v41_candidate_source_and_consumer_are_captured_with_their_facts(tree: Path, tmp_path: Path) -> None:
+    """DeepSeek V4.1's two-level selection through the released op's candidate arguments: the source's
+    top-k and its block selection (DeepSelect over per-block maxima), then a consumer whose logits were
+    set to -inf outside those blocks before its top-k."""
+    step = prefill.make_step(TWO, seed=9)
+    blocks, size = 2, 4
+    candidates = torch.full((21, blocks), -1, dtype=torch.int32)
+    with plugin(tree, tmp_path, Edges()) as capture:
+        meta = prefill.metadata(step, [prefill.chunk(step, list(range(21)), 0)])
+        prefill.run(step, meta, layer=0, candidate_blocks=candidates, candidate_block_size=size,
+                    candidate_write=True)
+        prefill.run(step, meta, layer=1, candidate_blocks=candidates, candidate_block_size=size,
+                    candidate_write=False)
+        capture.close()
+    found = {(c.attrs["k_cache_layer_index"], c.attrs["logits_kind"]): c for c in cases(tmp_path / "cap.zarr")}
+    source, scores, consumer = (found[(0, "mqa_logits")], found[(0, "candidate_block_scores")],
+                                found[(1, "mqa_logits")])
+    check(source, step, list(range(21)))
+    assert source.attrs["candidate"] == {"masked": False, "writes_candidates": True, "block_size": size,
+                                         "source_layer": 0}
+    assert scores.top_k == blocks and scores.attrs["candidate"]["block_size"] == size
+    assert (scores.reference_indices == candidates.numpy()).all()
+    assert consumer.attrs["candidate"]["masked"] is True
+    for r in range(21):
+        want = prefill.expected(step, r)
+        keep = torch.zeros(want.numel(), dtype=torch.bool)
+        for block in candidates[r].tolist():
+            keep[block * size:(block + 1) * size] = block >= 0
+        torch.testing.assert_close(consumer.row(r).float(), torch.where(keep, want, float("-inf")))
+
+
 @pytest.mark.parametrize(("next_n", "per_row"), [(1, False), (2, True)], ids=["decode", "mtp"])
 def test_decode_rows_are_captured_as_decode_cases(tree: Path, tmp_path: Path, next_n: int, per_row: bool) -> None:
     """The decode branch's `SparseIndexerTopk.forward` (released, resolving its backend on a CPU platform

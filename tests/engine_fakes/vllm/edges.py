@@ -165,6 +165,49 @@ def fused_topk(q: torch.Tensor, k_quant: torch.Tensor, key_scales: torch.Tensor,
         out[i] = _select(score(q[i:i + 1], k_quant[a:b], key_scales[a:b], weights[i:i + 1])[0], out.shape[1])
 
 
+def candidates_module(name: str) -> types.ModuleType:
+    """`kernels/attention/dsa/candidate_blocks.py` (DeepSeek V4.1's two-level selection), its kernels as CPU
+    models: the candidate source keeps each row's `topk_blocks` best blocks of `block_size` columns (a
+    block scores its best column) through DeepSelect; a consumer sets its logits to -inf outside them."""
+    from vllm.model_executor.layers.indexer_topk import deep_select_topk
+
+    @kernel
+    def block_scores(logits: torch.Tensor, row_ks: torch.Tensor | None, row_ke: torch.Tensor,
+                     block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, cols = logits.shape
+        blocks = -(-cols // block_size)
+        scores = torch.full((rows, _stride(blocks, torch.float32)), float("-inf"))[:, :blocks]
+        valid = torch.zeros(rows, dtype=torch.int32)
+        for r in range(rows):
+            a = 0 if row_ks is None else int(row_ks[r])
+            b = int(row_ke[r])
+            n = -(-(b - a) // block_size)
+            valid[r] = n
+            for j in range(n):
+                scores[r, j] = logits[r, a + j * block_size:min(b, a + (j + 1) * block_size)].float().max()
+        return scores, valid
+
+    def select_candidate_blocks(logits: torch.Tensor, row_ks: torch.Tensor | None, row_ke: torch.Tensor,
+                                topk_blocks: int, block_size: int, out: torch.Tensor, row_repeat: int = 1,
+                                score_dtype: Any = None) -> None:
+        scores, valid = block_scores(logits, row_ks, row_ke, block_size)
+        deep_select_topk(scores, topk_blocks, end=valid, output_idx=out)
+
+    @kernel
+    def apply_candidate_mask(logits: torch.Tensor, row_starts: torch.Tensor | None, row_ends: torch.Tensor,
+                             candidates: torch.Tensor, block_size: int, row_repeat: int = 1) -> None:
+        for r in range(logits.shape[0]):
+            a = 0 if row_starts is None else int(row_starts[r])
+            keep = torch.zeros(logits.shape[1], dtype=torch.bool)
+            for block in candidates[r].tolist():
+                if block >= 0:
+                    keep[a + block * block_size:a + (block + 1) * block_size] = True
+            logits[r, :int(row_ends[r])][~keep[:int(row_ends[r])]] = float("-inf")
+
+    return _module(name, {"select_candidate_blocks": select_candidate_blocks,
+                          "apply_candidate_mask": apply_candidate_mask})
+
+
 class _Workspace:
     def get_simultaneous(self, *specs: tuple[tuple[int, ...], torch.dtype]) -> list[torch.Tensor]:
         return [torch.zeros(shape, dtype=dtype) for shape, dtype in specs]
@@ -286,6 +329,7 @@ def fakes(edges: Edges) -> dict[str, Callable[[str], types.ModuleType]]:
             "fused_mqa_topk_key_scales": lambda k_scale: k_scale.view(torch.float32).squeeze(-1),
             "get_fused_mqa_topk_workspaces": lambda *a: [], "FUSED_MQA_TOPK_MAX_KEYS": 1 << 20,
             "FUSED_MQA_TOPK_MAX_ROWS": 1 << 20}),
+        "vllm.model_executor.kernels.attention.dsa.candidate_blocks": candidates_module,
         "vllm.v1.worker.workspace": lambda n: _module(n, {"current_workspace_manager": _Workspace}),
         "vllm.distributed": lambda n: _module(n, {
             "get_tensor_model_parallel_rank": lambda: edges.tp_rank,
