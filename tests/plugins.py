@@ -143,6 +143,77 @@ def make_lossy() -> _Corrupting:
     return _Corrupting("lossy", corrupt)
 
 
+def tie_case(case_id: str = "ties") -> Case:
+    """Rows whose k-th value is tied: in each, 3 values above a plateau of tied values at the k-th, and
+    lower values after it, so a selector must choose k - 3 of the plateau (`BOUNDS`, no empty rows)."""
+    starts = np.array([s for s, _ in BOUNDS[:-1]], dtype=np.int32)
+    ends = np.array([e for _, e in BOUNDS[:-1]], dtype=np.int32)
+    rows = []
+    for s, e in zip(starts, ends, strict=True):
+        n = int(e - s)
+        row = np.full(n, -2.0, dtype=np.float32)
+        row[n // 2:n // 2 + 3] = [9.0, 8.0, 7.0][: max(0, n - n // 2)]  # above the plateau, mid-row
+        row[: n // 2] = 1.0  # the plateau of ties, the lowest and the highest indices both among them
+        row[n // 2 + 3:] = np.where(np.arange(n - n // 2 - 3) % 2 == 0, 1.0, -2.0)
+        rows.append(row)
+    return Case.from_rows(case_id, np.concatenate(rows), starts, ends, top_k=TOP_K, cols=64,
+                          attrs={"source": "test"})
+
+
+# choose(tied candidate indices ascending, how many to take, the call's number) -> the ones taken, in order
+Choose = Callable[[torch.Tensor, int, int], torch.Tensor]
+
+
+class _TieChoosing:
+    """An exact selector (every value right) whose choice among the candidates tied at each row's k-th
+    value is `choose`'s: a stated tie policy, or one that changes from call to call."""
+
+    def __init__(self, name: str, choose: Choose) -> None:
+        self.name = name
+        self._choose = choose
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        return None
+
+    def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                top_k: int, out: torch.Tensor) -> Launch:
+        calls = [0]
+
+        def launch() -> None:
+            calls[0] += 1
+            out.fill_(-1)
+            for r in range(out.shape[0]):
+                s, e = int(row_starts[r]), int(row_ends[r])
+                row = logits[r, s:e]
+                if e - s <= top_k:
+                    out[r, :e - s] = torch.arange(e - s, dtype=torch.int32)
+                    continue
+                kth = row.sort(descending=True).values[top_k - 1]
+                above = (row > kth).nonzero().flatten()
+                taken = self._choose((row == kth).nonzero().flatten(), top_k - above.numel(), calls[0])
+                out[r] = torch.cat([above, taken]).to(torch.int32)
+
+        return launch
+
+
+def make_lowest_first() -> _TieChoosing:
+    return _TieChoosing("lowest-first", lambda tied, n, call: tied[:n])
+
+
+def make_highest_first() -> _TieChoosing:
+    return _TieChoosing("highest-first", lambda tied, n, call: tied.flip(0)[:n])
+
+
+def make_nondeterministic() -> _TieChoosing:
+    """Another subset of the tied candidates on every call (as racing atomics would choose)."""
+    return _TieChoosing("nondeterministic", lambda tied, n, call: tied.roll(call)[:n])
+
+
+def make_unordered() -> _TieChoosing:
+    """The lowest tied candidates every time, but their order reversed on every other call."""
+    return _TieChoosing("unordered", lambda tied, n, call: tied[:n].flip(0) if call % 2 else tied[:n])
+
+
 def make_raises() -> _Corrupting:
     def corrupt(out, scratch, logits, starts, ends):
         raise RuntimeError("deliberate failure inside the launch")

@@ -118,7 +118,7 @@ def _write(result: ReplayResult, json_out: str | None, csv_path: Path | None, pl
 # The options --resume takes from the report's recorded configuration (the outputs it may be given anew).
 _RUN_OPTIONS = ("locations", "suite", "scale", "names", "specs", "baseline", "case_globs", "case_regex", "device",
                 "warmup", "rounds", "timer", "l2", "poison", "recommend", "isolate", "timeout_s", "controls",
-                "per_forward", "rule_out", "rule_path", "devices", "tolerate_recall")
+                "per_forward", "rule_out", "rule_path", "devices", "tolerate_recall", "determinism")
 
 
 def _interrupted(stop: ReplayInterrupted, json_out: str | None, csv_path: Path | None, plot_path: Path | None,
@@ -237,6 +237,10 @@ def _resume(path: Path, json_out: str | None, csv_path: Path | None, plot_path: 
 @click.option("--tolerate-recall", "tolerate_recall", type=click.FloatRange(0, 1), default=None, metavar="R",
               help="An approximate selector passes check 3 when every row holds at least this fraction R of the "
               "exact top-k's values; it is timed and reported as approximate, never as exact.")
+@click.option("--determinism", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Rerun every verified selector N more times on each case, as it is timed (on CUDA: graph "
+              "replays, and launches on a second stream under a concurrent copy), and report whether its index "
+              "sets and their order were identical every time.")
 @user_errors
 def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None, names: str,
                specs: tuple[str, ...], baseline: str | None, case_globs: tuple[str, ...],
@@ -245,7 +249,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
                csv_path: Path | None, plot_path: Path | None, wide: bool, recommend: bool, isolate: bool,
                timeout_s: float | None, controls: tuple[str, ...], per_forward: bool, rule_out: Path | None,
                rule_path: Path | None, strict: bool, resume_path: Path | None, devices: str | None,
-               tolerate_recall: float | None) -> None:
+               tolerate_recall: float | None, determinism: int) -> None:
     """Replay captured cases (archives: directories, .zip, URLs such as hf://datasets/...) or a built-in
     control suite against top-k selectors: verify every selector's output, time the verified ones, and
     print a table of median times and ratios to a baseline. Stopped by Ctrl-C (SIGINT) or SIGTERM, it
@@ -263,7 +267,7 @@ def replay_cmd(locations: tuple[str, ...], suite: str | None, scale: str | None,
     config = ReplayConfig(locations, suite, scale, selectors, baseline, case_globs, case_regex, controls,
                           device=device, warmup=warmup, rounds=rounds, timer=timer, l2=l2,  # type: ignore[arg-type]
                           poison=poison, isolate=isolate, timeout_s=timeout_s, rule_path=rule_path,
-                          tolerate_recall=tolerate_recall)
+                          tolerate_recall=tolerate_recall, determinism=determinism)
     _warn_full_scale_on_cpu(config)
     if devices is not None or supervising():
         raise SystemExit(start(devices, config, sys.argv[1:]))

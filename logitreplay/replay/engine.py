@@ -17,11 +17,12 @@ The verified selectors are timed together (`_time`: rounds alternate A B A B so 
 of them; if that raises, each alone), each on its own copy, with its output buffer reset first. After
 timing (`_after_timing`), the output of the last timed call must pass checks 1-4 again (check 7) and the
 inputs check 6 again: a selector that does the work only on the verified call, or breaks while timed, is
-FAILED and none of its time is shown.
+FAILED and none of its time is shown. With `determinism`, each selector that passed is then rerun that
+many times, as it is timed, and its index sets compared run to run (determinism.py).
 
 Whatever a selector raises, `SystemExit` and `KeyboardInterrupt` included, is that selector's error,
 except a real Ctrl-C (seen by the SIGINT handler installed for the run), which stops the run.
-CUDA errors are contained there too (`_verify_selector`, `_time`, the only places selector code runs;
+CUDA errors are contained there too (`_verify_selector`, `_time`, the reruns, where selector code runs;
 see cuda_errors.py): after any error the context is probed, and a lost one (a sticky error) raises
 `DeviceLost` with the case's partial result, so that the caller continues in fresh processes.
 """
@@ -42,6 +43,7 @@ from logitreplay.archive.guards import check_memory
 from logitreplay.archive.shape import kind_for
 from logitreplay.errors import ArchiveError, one_line
 from logitreplay.replay.cuda_errors import DeviceLost, raise_if_lost
+from logitreplay.replay.determinism import rerun
 from logitreplay.replay.fast_path import fast_path
 from logitreplay.replay.protocol import Timing, TimingProtocol
 from logitreplay.replay.recall import Damage
@@ -168,10 +170,12 @@ class _Verified:
 
 def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device, protocol: TimingProtocol,
                 poison: float = 1e30, extra_checks: Sequence[ExtraCheck] = (),
-                read_bandwidth: float | None = None, min_recall: float | None = None) -> CaseResult:
+                read_bandwidth: float | None = None, min_recall: float | None = None,
+                determinism: int = 0) -> CaseResult:
     """Replay one case against every selector (see the module docstring); `read_bandwidth` in bytes/s;
     `min_recall` (`replay --tolerate-recall`) lets a selector whose every row reaches that recall pass
-    check 3 as approximate."""
+    check 3 as approximate; `determinism` (`replay --determinism N`): reruns of every verified selector
+    after its timing (determinism.py)."""
     result = case_header(case, read_bandwidth)
     try:
         check_memory(f"case {case.case_id}", f"its replay ({len(selectors)} selectors)",
@@ -187,7 +191,8 @@ def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device,
                          torch.from_numpy(case.row_ends).to(device))
     expected = expected_values(original.logits, original.row_starts, original.row_ends, case.top_k)
     try:
-        _verify_and_time(case, selectors, original, expected, device, protocol, extra_checks, result, min_recall)
+        _verify_and_time(case, selectors, original, expected, device, protocol, extra_checks, result, min_recall,
+                         determinism)
     except DeviceLost as lost:  # only the culprit's result stands; the caller redoes the rest elsewhere
         result.results = [lost.result] if lost.result is not None else []
         lost.partial = result
@@ -197,7 +202,7 @@ def replay_case(case: Case, selectors: Sequence[Selector], device: torch.device,
 
 def _verify_and_time(case: Case, selectors: Sequence[Selector], original: Inputs, expected: torch.Tensor,
                      device: torch.device, protocol: TimingProtocol, extra_checks: Sequence[ExtraCheck],
-                     result: CaseResult, min_recall: float | None) -> None:
+                     result: CaseResult, min_recall: float | None, determinism: int) -> None:
     verified: list[_Verified] = []
     for sel in selectors:
         res, ok = _verify_selector(sel, case, original, expected, device, extra_checks, min_recall)
@@ -220,8 +225,15 @@ def _verify_and_time(case: Case, selectors: Sequence[Selector], original: Inputs
             continue
         if failures:
             _failed(v.result, failures)
-        else:
-            v.result.timing = timing
+            continue
+        v.result.timing = timing
+        if determinism:
+            try:
+                v.result.determinism = rerun(v.launch, v.output, determinism, device)
+            except BaseException as e:
+                v.result.status, v.result.timing = "error", None
+                v.result.reason = f"determinism reruns: {_plugin_error(e)}"
+                raise_if_lost(device, v.result)
 
 
 def _verify_selector(sel: Selector, case: Case, original: Inputs, expected: torch.Tensor, device: torch.device,
@@ -319,14 +331,17 @@ def _time(launches: dict[str, Launch], device: torch.device,
 
 def replay(cases: Iterable[Case | Unreadable], selectors: Sequence[Selector], device: torch.device,
            protocol: TimingProtocol, poison: float = 1e30, extra_checks: Sequence[ExtraCheck] = (),
-           read_bandwidth: float | None = None, min_recall: float | None = None) -> Iterator[CaseResult]:
-    """Replay cases one at a time (each is dropped before the next is read); `min_recall` as `replay_case`."""
+           read_bandwidth: float | None = None, min_recall: float | None = None,
+           determinism: int = 0) -> Iterator[CaseResult]:
+    """Replay cases one at a time (each is dropped before the next is read); `min_recall` and `determinism`
+    as `replay_case` takes them."""
     with _watch_ctrl_c():
         for case in cases:
             if isinstance(case, Unreadable):
                 yield CaseResult(case.case_id, 0, 0, 0, "-", 0, "unreadable", 0, invalid=case.reason)
                 continue
-            yield replay_case(case, selectors, device, protocol, poison, extra_checks, read_bandwidth, min_recall)
+            yield replay_case(case, selectors, device, protocol, poison, extra_checks, read_bandwidth, min_recall,
+                              determinism)
 
 
 __all__ = ["Unbuildable", "case_header", "device_checks", "replay", "replay_bytes", "replay_case"]

@@ -88,6 +88,7 @@ class Job:
     case_regex: str | None = None
     only: tuple[int, ...] | None = None  # `ReplayConfig.case_indices`: the same subset as the parent
     min_recall: float | None = None  # `replay --tolerate-recall`
+    determinism: int = 0  # `replay --determinism N`
     start: int = 0
     known: tuple[str, ...] = ()
     one_by_one: bool = False
@@ -393,7 +394,7 @@ def _work(job: Job, out: Connection, log: str) -> None:
             out.send(("step", index, names))
             try:
                 result = next(replay([case], group, device, protocol, job.poison, extra, job.read_bandwidth,
-                                     job.min_recall))
+                                     job.min_recall, job.determinism))
             except DeviceLost as lost:  # this process can do no more GPU work: a fresh worker goes on
                 out.send(("lost", index, lost.partial, str(lost), lost.result.selector if lost.result else None))
                 return

@@ -37,6 +37,7 @@ _CELL_CHARS = 48
 DISPERSION_CV = 0.05  # above it a timed cell is marked `~`
 NOISY = "~"
 APPROXIMATE = "\u2248"  # a timed cell of a selector that passed on recall (--tolerate-recall), not exact values
+NONDETERMINISTIC = "!"  # a timed cell of a selector whose reruns (--determinism N) returned other index sets
 # Short forms of the built-in names for the narrow table; other names longer than 7 characters keep 6.
 _SHORT = {"reference": "ref", "native": "nat", "deepselect": "dsel"}
 
@@ -137,10 +138,11 @@ def cell(res: SelectorResult | None, scale: float = 1.0) -> str:
     """A cell of the wide table: the median (in units of `scale` us), or what happened, in words."""
     if res is None:
         return ""
+    rerun = "" if res.determinism is None else f" {res.determinism.short()}"
     if res.status == "ok" and res.timing is not None:
-        return _time(res.timing, scale)
+        return _time(res.timing, scale) + rerun
     if res.status == "approximate" and res.timing is not None and res.damage is not None:
-        return f"{_time(res.timing, scale)} approximate, recall >= {res.damage.recall_min:.4f}"
+        return f"{_time(res.timing, scale)}{rerun} approximate, recall >= {res.damage.recall_min:.4f}"
     if res.status == "unsupported":
         return f"unsupported: {res.reason}"
     if res.status == "failed":
@@ -154,10 +156,11 @@ def short_cell(res: SelectorResult | None, scale: float = 1.0) -> str:
     """A cell of the narrow table: the median, or one word (the reasons follow the table)."""
     if res is None:
         return ""
+    rerun = NONDETERMINISTIC if res.determinism is not None and not res.determinism.deterministic else ""
     if res.status == "ok" and res.timing is not None:
-        return _time(res.timing, scale)
+        return _time(res.timing, scale) + rerun
     if res.status == "approximate" and res.timing is not None:
-        return _time(res.timing, scale) + APPROXIMATE
+        return _time(res.timing, scale) + APPROXIMATE + rerun
     if res.status == "failed" and res.damage is not None and res.failures[0].check == 3:
         return f"FAIL {res.damage.short()}"
     if res.status == "failed":
@@ -279,8 +282,27 @@ def legend(result: ReplayResult, wide: bool = False, left_out: Sequence[str] = (
         lines += _fast_path(result)
     if any(r.status == "approximate" for r in cells):
         lines.append(f"{APPROXIMATE}: approximate: passed on the recall --tolerate-recall asks, not on exact values")
+    lines += _determinism(result, wide)
     if noisy:
         lines.append(f"{NOISY}: the samples' CV is above {DISPERSION_CV:.0%}: compare with care, or use more --rounds")
+    return lines
+
+
+def _determinism(result: ReplayResult, wide: bool) -> list[str]:
+    """With `--determinism N`: per selector, on how many cases its reruns were identical; the mark."""
+    reruns = [(r.selector, r.determinism) for c in result.cases for r in c.results if r.determinism is not None]
+    if not reruns:
+        return []
+    names = {s: s for s in result.selectors} if wide else short_names(result.selectors)
+    parts = []
+    for name in result.selectors:
+        mine = [d for s, d in reruns if s == name]
+        if mine:
+            parts.append(f"{names[name]} {sum(d.deterministic for d in mine)}/{len(mine)}")
+    runs = max(d.runs for _, d in reruns) - 1
+    lines = [f"deterministic (identical index sets and order in {runs} reruns after timing), cases: " + ", ".join(parts)]
+    if not wide and any(not d.deterministic for _, d in reruns):
+        lines.append(f"{NONDETERMINISTIC}: its reruns returned other indices (details below)")
     return lines
 
 
@@ -334,6 +356,9 @@ def print_report(result: ReplayResult, console: Console, wide: bool = False) -> 
             if res.damage is not None:
                 what = "APPROXIMATE" if res.status == "approximate" else "DAMAGE"
                 print_lines(console, wrap(f"{what} {res.selector} on case {case.case_id}: {res.damage}", width))
+            if res.determinism is not None and not res.determinism.deterministic:
+                print_lines(console, wrap(f"NONDETERMINISTIC {res.selector} on case {case.case_id}: "
+                                          f"{res.determinism}", width), style="yellow")
             if res.status == "error":
                 print_lines(console, wrap(f"ERROR {res.selector} on case {case.case_id}: {res.reason}", width),
                             style="red")

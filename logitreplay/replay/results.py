@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from logitreplay.errors import LogitreplayError, one_line
+from logitreplay.replay.determinism import Determinism
 from logitreplay.replay.protocol import Timing, TimingProtocol
 from logitreplay.replay.recall import Damage
 from logitreplay.replay.verify import Failure
@@ -37,7 +38,8 @@ class SelectorResult:
     `prepare`, the launch or the timing raised: `reason` is the exception in one line).
 
     `damage`: how far its selected values are from the exact top-k's (recall.py), wherever they differ
-    (check 3 failed, or an approximate selector); None where they are exact or were never compared."""
+    (check 3 failed, or an approximate selector); None where they are exact or were never compared.
+    `determinism`: what `replay --determinism N`'s reruns showed (determinism.py); None without it."""
 
     selector: str
     status: str
@@ -45,6 +47,7 @@ class SelectorResult:
     failures: list[Failure] = field(default_factory=list)
     timing: Timing | None = None
     damage: Damage | None = None
+    determinism: Determinism | None = None
 
 
 @dataclass

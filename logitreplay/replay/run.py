@@ -62,7 +62,8 @@ class ReplayConfig:
     outside each row's bounds. `isolate`: every selector in a child process of its own; `timeout_s`:
     seconds one selector may spend on one case there (implies `isolate`). `rule_path`: the dispatch
     rule the `auto` selector follows. `tolerate_recall`: a selector whose every row reaches this recall
-    of the exact top-k's values passes check 3 as approximate (recall.py)."""
+    of the exact top-k's values passes check 3 as approximate (recall.py); `determinism`: reruns of every
+    verified selector on every case, their index sets compared (determinism.py)."""
 
     locations: tuple[str, ...] = ()
     suite: str | None = None
@@ -83,6 +84,7 @@ class ReplayConfig:
     timeout_s: float | None = None
     rule_path: Path | None = None
     tolerate_recall: float | None = None
+    determinism: int = 0
 
 
 @dataclass
@@ -258,7 +260,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
     alone = config.isolate or config.timeout_s is not None or own_process
     job = Job((), (), pinned, config.suite, config.scale or "small", str(dev), protocol.to_json(), config.poison,
               read_bandwidth, controls=config.controls, case_globs=config.case_globs, case_regex=config.case_regex,
-              only=config.case_indices, min_recall=config.tolerate_recall)
+              only=config.case_indices, min_recall=config.tolerate_recall, determinism=config.determinism)
     together = list(zip(config.selectors, columns, strict=True))
     jobs = [replace(job, specs=(spec,), names=(name,)) for spec, name in together] if alone else \
         [replace(job, specs=tuple(config.selectors), names=tuple(columns))]

@@ -1,0 +1,88 @@
+"""`replay --determinism N` (determinism.py): reruns of every verified selector, their index sets and order
+compared with the last timed call's; a selector that chooses other tied candidates, or another order, run
+to run is reported with its distinct sets and first differing row."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+from logitreplay.archive import Archive
+from logitreplay.cli import main
+from logitreplay.replay.determinism import rerun
+from logitreplay.replay.verify import OutputBuffer
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `--selector tests.plugins:...` imports from the repository root
+
+from tests import plugins  # noqa: E402
+
+TIE_PLUGINS = ["make_lowest_first", "make_highest_first", "make_nondeterministic", "make_unordered"]
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, ["replay", *args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def tie_archive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("arch") / "ties.zarr"
+    Archive.create(path).write(plugins.tie_case())
+    return str(path)
+
+
+def _rerun(factory: str, runs: int):  # type: ignore[no-untyped-def]
+    case = plugins.tie_case()
+    logits = case.padded()
+    starts, ends = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
+    out = OutputBuffer(case.rows, case.top_k, "cpu")
+    launch = getattr(plugins, factory)().prepare(logits, starts, ends, case.top_k, out.view)
+    launch()
+    return rerun(launch, out, runs, torch.device("cpu"))
+
+
+def test_a_stable_choice_among_ties_is_deterministic() -> None:
+    found = _rerun("make_lowest_first", 3)
+    assert (found.runs, found.deterministic, found.distinct_sets, found.first_row) == (4, True, 1, None)
+
+
+def test_other_tied_candidates_each_run_are_distinct_sets_from_the_first_tied_row() -> None:
+    found = _rerun("make_nondeterministic", 3)
+    assert not found.deterministic and not found.same_sets and not found.same_order
+    assert found.distinct_sets == 4 and found.first_row == 0
+
+
+def test_same_sets_in_another_order_is_not_deterministic_either() -> None:
+    found = _rerun("make_unordered", 3)
+    assert (found.deterministic, found.same_sets, found.same_order, found.distinct_sets) == (False, True, False, 1)
+
+
+def test_replay_reports_determinism_per_case_and_selector(tie_archive: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    specs = [a for f in TIE_PLUGINS for a in ("--selector", f"tests.plugins:{f}")]
+    res = run(tie_archive, "--selectors", "reference", *specs, "--determinism", "3", "--json", str(out))
+    assert res.exit_code == 0, res.output
+    results = {r["selector"]: r for r in json.loads(out.read_text())["cases"][0]["results"]}
+    assert all(r["status"] == "ok" for r in results.values()), results  # every one selects the right values
+    found = {name: r["determinism"] for name, r in results.items()}
+    assert all(d["runs"] == 4 for d in found.values())
+    assert [name for name, d in found.items() if d["deterministic"]] == ["reference", "lowest-first",
+                                                                         "highest-first"]
+    assert found["nondeterministic"]["distinct_sets"] == 4 and found["unordered"]["same_sets"]
+    said = " ".join(res.output.split())
+    assert "NONDETERMINISTIC nondeterministic on case ties: not deterministic over 4 runs: 4 distinct index " \
+           "sets, first differing row 0" in said
+    assert "cases: ref 1/1, lowest 1/1, highes 1/1, nondet 0/1, unorde 0/1" in said
+    assert max(map(len, res.output.splitlines())) <= 80
+
+
+def test_without_the_option_nothing_is_rerun(tie_archive: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    assert run(tie_archive, "--selectors", "reference", "--json", str(out)).exit_code == 0
+    assert json.loads(out.read_text())["cases"][0]["results"][0]["determinism"] is None
