@@ -284,7 +284,7 @@ LONG_CHUNKS = ((262144, 512, "zero"), (524288, 256, "zero"), (LONG_WIDTH, 128, "
 # Long decode batches (batch, next_n, top_k; at most 256 rows): plain and MTP decode at V3.2's k, and V4's
 # k 512 and DeepSelect's wide k 1024 on one batch each.
 LONG_BATCHES = (*((b, 1, 2048) for b in (1, 8, 64, 256)), (32, 2, 2048), (128, 2, 2048), (64, 1, 512), (64, 1, 1024))
-# Flooded rows far past every capacity: one row in eight in the threshold bin.
+# Flooded rows far past every capacity: one value in eight of every row in the threshold bin.
 LONG_FLOOD = LONG_WIDTH // 8
 
 
