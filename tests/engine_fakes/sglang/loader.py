@@ -1,7 +1,7 @@
 """Imports the released SGLang modules from the pinned wheel's sources, with fakes at their edges.
 
 `load(tree)` puts an import hook in front of `sys.meta_path` that answers every `sglang.*` (and the kernel
-packages `sgl_kernel`, `deep_gemm`) import this way:
+packages `sgl_kernel`, `deep_gemm`, `flashinfer`) import this way:
 - a name in `REAL` is executed from the released file, unchanged (the indexer, its metadata and top-k
   backend, the environment switches, the runtime context, the forward context, capture mode, ...);
 - a name in `FAKES` is one of this package's modules (written from the facts of the names, signatures and
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-_ENGINE_ROOTS = ("sglang", "sgl_kernel", "deep_gemm")
+_ENGINE_ROOTS = ("sglang", "sgl_kernel", "deep_gemm", "flashinfer")
 
 # The released modules the tests run.
 REAL = frozenset({
@@ -73,6 +73,7 @@ FAKES = {
     "sglang.srt.model_executor.forward_batch_info": f"{_HERE}.batch",
     "sglang.kernels.ops.attention.dsv4.topk": f"{_HERE}.topk",
     "sgl_kernel": f"{_HERE}.topk",
+    "flashinfer": f"{_HERE}.topk",
     "deep_gemm": f"{_HERE}.kernels",
 }
 

@@ -1,4 +1,5 @@
-"""The indexer's top-k kernels on CPU, served as `sgl_kernel` and `sglang.kernels.ops.attention.dsv4.topk`.
+"""The indexer's top-k kernels on CPU, served as `sgl_kernel`, `sglang.kernels.ops.attention.dsv4.topk`
+and `flashinfer`.
 
 Every kernel selects, per row r, the `topk` largest logits of the row's window: columns
 [row_starts[r], row_starts[r] + lengths[r]) (row_starts 0 when not given), as positions p local to the
@@ -9,7 +10,10 @@ window; a row of fewer keys selects them all and pads with -1. They differ in wh
 - `fast_topk_transform_ragged_fused` and `topk_transform_ragged_v2`: `p + offsets[r]`, the position in the
   batch's flattened keys; v2 also overwrites up to 3 columns just before each window (its aligned
   loads), which is why SGLang treats the logits as dead after it;
-- `topk_transform_paged_v2`: `page_table[r, p // page_size] * page_size + p % page_size`.
+- `topk_transform_paged_v2`: `page_table[r, p // page_size] * page_size + p % page_size`;
+- FlashInfer's `top_k_page_table_transform`: `page_table[row_to_batch[r], page_table_row_starts[r] + p]`
+  (row_to_batch the row itself when None, row starts 0), `top_k_ragged_transform`: `p + offsets[r]`, and
+  its `top_k`, torch.topk's contract (values, indices) over whole rows.
 Ties go to the lower position (the tests' logits have none).
 """
 
@@ -77,6 +81,27 @@ def topk_transform_paged_v2(logits: torch.Tensor, lengths: torch.Tensor, page_ta
     slots = torch.arange(page_table.shape[1] * page_size)
     table = page_table.long()[:, slots // page_size] * page_size + slots % page_size
     out.copy_(_through(local, table))
+
+
+def top_k(input: torch.Tensor, k: int, sorted: bool = False, **switches: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.topk(input, k, dim=-1, sorted=sorted)
+
+
+def top_k_page_table_transform(logits: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor, topk: int, *,
+                               row_to_batch: torch.Tensor | None = None, row_starts: torch.Tensor | None = None,
+                               page_table_row_starts: torch.Tensor | None = None, **switches: object) -> torch.Tensor:
+    local = _local(logits, lengths, topk, row_starts)
+    rows = torch.arange(logits.shape[0])
+    table = page_table[rows if row_to_batch is None else row_to_batch.long()]
+    if page_table_row_starts is not None:
+        shift = page_table_row_starts.long()[:, None]
+        return torch.where(local >= 0, _through(local + shift, table), -1).to(torch.int32)
+    return _through(local, table)
+
+
+def top_k_ragged_transform(logits: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, topk: int, *,
+                           row_starts: torch.Tensor | None = None, **switches: object) -> torch.Tensor:
+    return fast_topk_transform_ragged_fused(logits, lengths, offsets, topk, row_starts)
 
 
 def plan_topk_v2(lengths: torch.Tensor) -> torch.Tensor:
