@@ -479,13 +479,14 @@ def _fit_labels(fig: Any, ax: Any, labels: Sequence[tuple[str, str]]) -> None:
     if not _overlapping(fig, ax):
         return
     fig.set_figheight(4.8 + 0.06 * max((len(c) + len(s) + 2 for c, s in labels), default=0))
-    for every in range(1, len(labels) + 1):
-        for size in _LABEL_SIZES:
-            ax.set_xticklabels([f"{cid}  {shape}" if k % every == 0 else "" for k, (cid, shape) in enumerate(labels)],
-                               fontsize=size, rotation=90, ha="center", va="top")
-            fig.tight_layout()
-            if not _overlapping(fig, ax):
-                return
+    tries = [(1, size) for size in _LABEL_SIZES]
+    tries += [(2 ** n, _LABEL_SIZES[-1]) for n in range(1, max(1, len(labels)).bit_length() + 1)]
+    for every, size in tries:  # the last writes one label: it cannot overlap
+        ax.set_xticklabels([f"{cid}  {shape}" if k % every == 0 else "" for k, (cid, shape) in enumerate(labels)],
+                           fontsize=size, rotation=90, ha="center", va="top")
+        fig.tight_layout()
+        if not _overlapping(fig, ax):
+            return
 
 
 def _overlapping(fig: Any, ax: Any) -> bool:
