@@ -117,7 +117,7 @@ def test_identical_runs_of_three_samples_claim_no_change_and_fail_above_refuses(
     res = _compare(tmp_path, _report(3, seed=0), _report(3, seed=1))
     assert res.exit_code == 0, res.output
     assert "faster" not in res.output.replace("0 faster", "") and "slower" not in res.output.replace("0 slower", "")
-    assert "6 too few samples" in res.output and " 3/3 " in res.output, res.output
+    assert "6 too few samples" in res.output and " 3/3 " in res.output and "too few: under 10" in res.output
     failed = _compare(tmp_path, _report(3, seed=0), _report(3, seed=1), "--fail-above", "1.03")
     assert one_line_error(failed) and "--fail-above needs at least 10 samples" in failed.output, failed.output
     enough = _compare(tmp_path, _report(20, seed=0), _report(20, seed=1), "--fail-above", "1.03", "--json")

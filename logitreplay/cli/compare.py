@@ -94,9 +94,10 @@ def _print(result: Comparison, base: ReplayResult, base_path: Path, new_path: Pa
     short = short_names(base.selectors)
     columns = [Column("case", fold=True), Column("sel"), Column(f"base {name_of_unit}", right=True),
                Column(f"new {name_of_unit}", right=True), Column("n", right=True), Column("ratio", right=True),
-               Column("95% interval", right=True), Column("flag", fold=True, least=7)]
+               Column("95% interval", right=True), Column("flag")]
     cells = [[r.case_id, short.get(r.selector, r.selector), number(r.base_us / scale), number(r.new_us / scale),
-              f"{r.base_samples}/{r.new_samples}", f"{r.ratio:.3f}", f"{r.low:.3f}-{r.high:.3f}", r.flag]
+              f"{r.base_samples}/{r.new_samples}", f"{r.ratio:.3f}", f"{r.low:.3f}-{r.high:.3f}",
+              "too few" if r.flag == TOO_FEW else r.flag]
              for r in result.rows]
     lines = wrap(f"{new_path} / {base_path}: ratio of medians, bootstrap 95% interval; n: samples in "
                  "BASE/NEW") + render(columns, cells)
@@ -107,8 +108,8 @@ def _print(result: Comparison, base: ReplayResult, base_path: Path, new_path: Pa
     lines += wrap(", ".join(f"{n} {f}" for f, n in counts.items() if n or f != TOO_FEW)
                   + f" (tolerance {result.tolerance:g})")
     if counts[TOO_FEW]:
-        lines += wrap(f"{TOO_FEW}: under {MIN_SAMPLES} on a side, a 95% interval of a median is not to be had "
-                      "from the samples, so no flag (replay with more --rounds)")
+        lines += wrap(f"too few: under {MIN_SAMPLES} samples on a side, a 95% interval of a median is not to be "
+                      "had from the samples, so no flag (replay with more --rounds)")
     lines += _recall_lines(result, short)
     for what, items in (("only in BASE", result.only_base), ("only in NEW", result.only_new)):
         if items:
