@@ -110,7 +110,7 @@ def inspect_cmd(location: str, case_globs: tuple[str, ...], json_out: str | None
                 case = archive.read(info.case_id)
             except ArchiveError as e:  # a damaged case is listed as such; the others are still inspected
                 invalid = str(e)
-        summaries.append({**summarize(info, case), "invalid": invalid})
+        summaries.append({**summarize(info, case), "invalid": invalid, "nan_row": _nan_row(case)})
         sources.append("-" if case is None else describe_source(case))  # as `replay` names it
         if work:
             summaries[-1]["work"] = _work(case)
@@ -121,6 +121,13 @@ def inspect_cmd(location: str, case_globs: tuple[str, ...], json_out: str | None
     invalid = [s["case_id"] for s in summaries if s["invalid"]]
     if invalid:
         raise ArchiveError(f"{plural(len(invalid), 'case')} invalid: {', '.join(invalid)} (listed above)")
+
+
+def _nan_row(case: Case | None) -> int | None:
+    """The first row holding a NaN within its bounds: replay reports such a case invalid, never times it."""
+    from logitreplay.replay.verify import nan_row
+
+    return None if case is None else nan_row(case)
 
 
 def _work(case: Case | None) -> dict[str, float] | None:
@@ -159,7 +166,7 @@ _DTYPE = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def _fmt(x: Any, spec: str = "") -> str:
-    return "-" if x is None else format(x, spec)
+    return "-" if x is None else x if isinstance(x, str) else format(x, spec)
 
 
 def _window(w: Any) -> str:
@@ -221,6 +228,9 @@ def _print_table(location: str, summaries: list[dict[str, Any]], sources: list[s
                       f"over up to {plural(sampled, 'sampled row')} per case" + ("; min / max over all values"
                                                                                if wide else ""), width)
     lines += [w for line in unusable for w in wrap(line, width)]
+    lines += [w for s in summaries if s.get("nan_row") is not None for w in wrap(
+        f"NaN: {s['case_id']}: a NaN inside row {s['nan_row']} (replay reports the case invalid input and never "
+        "times it)", width)]
     print_lines(Console(), lines)
 
 

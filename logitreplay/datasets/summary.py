@@ -24,7 +24,9 @@ def value_stats(case: Case) -> dict[str, Any]:
                            "nan": int(torch.isnan(v).sum()), "sampled_rows": 0}
     if v.numel() == 0:
         return out
-    out["min"], out["max"] = float(v.min()), float(v.max())
+    seen = v[~torch.isnan(v)]  # NaN is counted above; min and max are of the other values
+    if seen.numel():
+        out["min"], out["max"] = _json_float(float(seen.min())), _json_float(float(seen.max()))
     lengths = case.lengths
     candidates = np.flatnonzero(lengths > 0)
     if candidates.size == 0:
@@ -41,6 +43,11 @@ def value_stats(case: Case) -> dict[str, Any]:
     out["fp16_bins_top_mean"] = float(np.mean(bins))
     out["kth_ties_mean"] = float(np.mean(ties)) if ties else None
     return out
+
+
+def _json_float(x: float) -> float | str:
+    """`x`, or "inf" / "-inf": infinite logits are legal, and JSON has no number for them."""
+    return x if np.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
 def summarize(info: CaseInfo, case: Case | None) -> dict[str, Any]:
