@@ -188,6 +188,21 @@ def test_target_verify_is_a_speculative_decode_case(tmp_path: Path) -> None:
     assert case.attrs["sglang"]["forward_mode"] == "TARGET_VERIFY" and case.attrs["chunk"]["requests"] == 2
 
 
+def test_draft_extend_is_captured_as_a_paged_call_of_its_own_path(tmp_path: Path) -> None:
+    """EAGLE v2's draft extend scores next_n rows a request through `_get_topk_paged`, as target verify
+    does; it is no decode step of the served model, so its case is a paged call, not a decode case."""
+    runner = fw.build()
+    f = fw.decode(runner, [100, 300], next_n=2, draft=True)
+    capture = _capture(tmp_path, "layers=0")
+    runner.forward(f.batch)
+    summary = capture.close()
+    assert summary is not None and summary["calls_by_path"]["draft_extend"]["captured"] == 1, summary
+    [case] = _cases(tmp_path / "cap.zarr")
+    _assert_case(case, f, 0)
+    a = case.attrs
+    assert a["sglang"]["forward_mode"] == "DRAFT_EXTEND_V2" and "kind" not in a and a["chunk"]["layout"] == "paged"
+
+
 def test_ragged_prefill_of_two_requests_keeps_their_windows_and_offsets(tmp_path: Path) -> None:
     runner = fw.build()
     f = fw.extend(runner, TWO)

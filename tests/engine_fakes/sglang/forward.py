@@ -5,7 +5,7 @@ The model (`model.layers.N.self_attn.indexer`, the module path SGLang's DeepSeek
 the indexer) holds one released `Indexer` per layer, built without its projections: each attention layer
 hands it the batch's fp8 queries and head weights, then takes the branch `Indexer.forward_cuda` takes after
 its projections: the K-only path when `_should_skip_logits_computation` says every key is selected,
-`_get_topk_paged` for decode and target verify, `_get_topk_ragged` for extend. Everything from there to the
+`_get_topk_paged` for decode, target verify and draft extend, `_get_topk_ragged` for extend. Everything from there to the
 top-k kernel is SGLang's.
 
 The pool holds every request's keys in 64-token pages handed out in shuffled order (no page table is the
@@ -140,7 +140,7 @@ class Attention(torch.nn.Module):
                                            metadata)
         q_fp8, weights = batch.inputs["q_fp8"][layer_id], batch.inputs["weights"][layer_id]
         mode = batch.forward_mode
-        if mode.is_decode_or_idle() or mode.is_target_verify():
+        if mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2():
             return ix._get_topk_paged(batch, layer_id, q_fp8, weights, metadata)
         return ix._get_topk_ragged(False, batch, layer_id, q_fp8, weights, metadata)
 
@@ -246,8 +246,9 @@ def _slot_table(table: torch.Tensor) -> torch.Tensor:
 
 
 def decode(runner: Any, seq_lens: list[int], next_n: int = 1, topk_backend: str = "sgl-kernel",
-           seed: int = 0) -> Forward:
-    """A decode (next_n 1) or target-verify (next_n > 1, each request's last next_n tokens) batch."""
+           seed: int = 0, draft: bool = False) -> Forward:
+    """A decode (next_n 1) or target-verify (next_n > 1, each request's last next_n tokens) batch; `draft`:
+    the same rows as the draft model's extend (EAGLE v2's DRAFT_EXTEND_V2, also a paged top-k)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     g = torch.Generator().manual_seed(seed)
@@ -260,7 +261,7 @@ def decode(runner: Any, seq_lens: list[int], next_n: int = 1, topk_backend: str 
                        per_row, expanded, [next_n] * len(seq_lens),
                        torch.arange(len(seq_lens), dtype=torch.int32).repeat_interleave(next_n), lens, lens.clone(),
                        topk_v2_plan=plan_topk_v2(expanded))
-    mode = ForwardMode.DECODE if next_n == 1 else ForwardMode.TARGET_VERIFY
+    mode = ForwardMode.DRAFT_EXTEND_V2 if draft else ForwardMode.DECODE if next_n == 1 else ForwardMode.TARGET_VERIFY
     return _forward(runner, mode, meta, seq_lens, [next_n] * len(seq_lens), "PAGED", topk_backend, rows, keys,
                     [b for b in range(len(seq_lens)) for _ in range(next_n)], expanded.tolist(), [0] * rows, g)
 
