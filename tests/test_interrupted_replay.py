@@ -77,6 +77,36 @@ def test_an_interrupted_replay_keeps_its_finished_cases_and_resumes(archive: str
     assert [r["case_id"] for r in csv.DictReader((tmp_path / "r.csv").open())][::2] == IDS
 
 
+@pytest.mark.slow
+def test_an_interrupted_isolated_replay_keeps_the_results_of_the_selector_that_went_further(
+        archive: str, tmp_path: Path) -> None:
+    """Under --isolate the reference replays every case before `stalls` starts: its results on the cases
+    `stalls` never reached are kept too, and --resume replays those cases in full."""
+    proc = _logitreplay(tmp_path, "replay", archive, "--device", "cpu", "--selectors", "reference", "--selector",
+                        "tests.dying_plugins:make_stalls", "--rounds", "1", "--isolate", "--json", "r.json",
+                        "--csv", "r.csv")
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "stalling").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "PARTIAL: stopped by SIGINT after 2 of 4 cases" in out
+    partial = json.loads((tmp_path / "r.json").read_text())
+    assert [[r["selector"] for r in c["results"]] for c in partial["cases"]] == \
+        [["reference", "stalls"]] * 2 + [["reference"]] * 2
+    rows = {(r["case_id"], r["selector"]): r["status"] for r in csv.DictReader((tmp_path / "r.csv").open())}
+    assert rows[("p3", "reference")] == "ok" and rows[("p3", "stalls")] == "not run"
+
+    proc = _logitreplay(tmp_path, "replay", "--resume", "r.json")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    whole = read_json(tmp_path / "r.json")
+    assert whole.partial is None and [c.case_id for c in whole.cases] == IDS
+    assert all(r.status == "ok" for c in whole.cases for r in c.results) and all(len(c.results) == 2 for c in whole.cases)
+
+
 def test_resume_refuses_a_complete_report_and_changed_options(archive: str, tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -393,8 +393,10 @@ def write_csv(result: ReplayResult, path: Path) -> None:
             for name in result.selectors:
                 res = case.result(name)
                 line: dict[str, Any] = {**base, "selector": name}
-                if case.invalid or res is None:
-                    line.update(status="invalid", reason=case.invalid or "")
+                if case.invalid:
+                    line.update(status="invalid", reason=case.invalid)
+                elif res is None:  # a partial report (an interrupted --isolate run) holds no result here
+                    line.update(status="not run", reason="the run was stopped before this selector reached the case")
                 else:
                     line.update(status=res.status, reason=res.reason or "")
                     if res.timing is not None:

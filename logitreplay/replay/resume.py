@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from logitreplay.errors import ReplayError
-from logitreplay.replay.results import ReplayResult
+from logitreplay.replay.results import CaseResult, ReplayResult
 from logitreplay.replay.run import (
     Progress,
     ReplayConfig,
@@ -41,8 +41,14 @@ def plan(previous: ReplayResult, name: str = "the report") -> tuple[ReplayConfig
         raise ReplayError(f"{name}: case {foreign[0]} is not among the run's cases any more (its archives or "
                           "suite changed since the run); replay it afresh")
     wanted = range(len(whole)) if config.case_indices is None else sorted(set(config.case_indices))
-    done = {place[c.case_id] for c in previous.cases}
+    done = {place[c.case_id] for c in finished(previous)}
     return config, sorted(done), [p for p in wanted if p not in done]
+
+
+def finished(report: ReplayResult) -> list[CaseResult]:
+    """The cases of `report` every selector finished (or that were invalid): a case some selector of an
+    interrupted --isolate run did not reach is replayed again in full, its other results re-measured."""
+    return [c for c in report.cases if c.invalid or all(c.result(s) is not None for s in report.selectors)]
 
 
 def resume_replay(previous: ReplayResult, progress: Progress = _no_progress, name: str = "the report") -> ReplayRun:
@@ -50,7 +56,7 @@ def resume_replay(previous: ReplayResult, progress: Progress = _no_progress, nam
     Interrupted again, it raises `ReplayInterrupted` with the merged cases of both sittings."""
     config, done, left = plan(previous, name)
     total = len(done) + len(left)
-    earlier = ReplayRun(replace(previous, partial=None), done, config)
+    earlier = ReplayRun(replace(previous, partial=None, cases=finished(previous)), done, config)
     if not left:
         return earlier
     try:

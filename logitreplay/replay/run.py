@@ -276,10 +276,13 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
                         per_selector.setdefault(name, {})[index] = case_result
     except KeyboardInterrupt as stop:  # the workers are gone (isolate.py); keep what finished
         name = stop.args[0] if isinstance(stop, _Terminated) else "SIGINT"
-        done = [i for i in range(total) if all(i in per_selector.get(c, {}) for c in columns)]
-        result.cases = merge(per_selector, columns, total, done)
-        result.partial = partial_mark(name, len(done), total, config)
-        raise ReplayInterrupted(ReplayRun(result, [places[i] for i in done], config, pinned), name) from None
+        # Every case some selector finished (under --isolate, a selector's job may have gone further than
+        # the next one's): its finished results are kept; `cases_done` counts the cases all of them finished.
+        held = [i for i in range(total) if any(i in per_selector.get(c, {}) for c in columns)]
+        done = sum(all(i in per_selector.get(c, {}) for c in columns) for i in held)
+        result.cases = merge(per_selector, columns, total, held)
+        result.partial = partial_mark(name, done, total, config)
+        raise ReplayInterrupted(ReplayRun(result, [places[i] for i in held], config, pinned), name) from None
     result.cases = merge(per_selector, columns, total)
     if own_process and not config.isolate:
         notes.append("kernel libraries from different builds: each selector ran in its own process")
