@@ -82,7 +82,7 @@ def test_shardq_rows_of_034_keep_their_step_positions(vllm_0340_tree: Path, tmp_
     check(case, step, mine)
     assert case.attrs["row_positions"] == [[0, 3, 3], [3, 7, 14]] and "row_window" not in case.attrs
     assert case.attrs["tensor_parallel"] == {"tp_rank": 1, "tp_size": 2, "row_sharded": True,
-                                             "row_sharding": "shardq"}
+                                             "row_sharding": "shardq", "step": 0}
     assert case.attrs["chunk"]["requests"] == 2
 
 
@@ -262,6 +262,11 @@ def test_two_tp_ranks_over_gloo_capture_every_row_once(pin: str, scheme: str, tm
         check(case, step, rows)
         seen += rows
     assert sorted(seen) == list(range(21))
+    if scheme == "shardq":  # `merge` puts the ranks' rows back together: one case of the step
+        done = CliRunner().invoke(main, ["merge", str(tmp_path / "cap.zarr"), "--out", str(tmp_path / "m.zarr")])
+        assert done.exit_code == 0, done.output
+        (merged,) = cases(tmp_path / "m.zarr")
+        check(merged, step, list(range(21)))
     if scheme == "row_shard":  # the ranks' indices were exchanged: both buffers hold every row's
         both = [torch.load(tmp_path / f"buffer-{r}.pt") for r in (0, 1)]
         assert torch.equal(both[0], both[1]) and (both[0] >= -1).all()

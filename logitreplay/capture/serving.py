@@ -335,7 +335,8 @@ class EngineCapture:
         tp_rank, _, tp_size = self._ranks()
         out: dict[str, Any] = {"tp_rank": tp_rank, "tp_size": tp_size, "row_sharded": call.shard is not None}
         if call.shard is not None and "sizes" not in call.shard:
-            out["row_sharding"] = call.shard.get("scheme")
+            # the real steps begun so far, alike on every rank: `merge` finds a step's parts by it
+            out.update(row_sharding=call.shard.get("scheme"), step=self.steps.begun)
         elif call.shard is not None:
             out.update(tp_size=len(call.shard["sizes"]), shard_rows=[call.shard["start"], call.shard["stop"]],
                        shard_sizes=call.shard["sizes"])

@@ -75,6 +75,7 @@ class Steps:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.graph_steps = 0  # real steps run as a replayed CUDA graph: their calls are not counted
+        self.begun = 0  # real steps begun (dummy runs not): every TP rank runs the same steps
         self.timer: str | None = None
         self._done: list[_Step] = []
         self._current: _Step | None = None  # the real step running now
@@ -126,7 +127,7 @@ class Steps:
         """A forked child: the parent's steps are the parent's (the class wrappers stay and are this)."""
         self._done, self._current, self._loose = [], None, _Step()
         self._depth, self._dummy = 0, False
-        self.graph_steps = 0
+        self.graph_steps = self.begun = 0
 
     def count(self, layer: int, width: int, rows: int, dtype: str | None, kind: str) -> None:
         step = self._current
@@ -173,6 +174,7 @@ class Steps:
         self._dummy = dummy
         if dummy:
             return
+        self.begun += 1
         try:
             self._loose_ends(None)
             self._resolve()
