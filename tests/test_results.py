@@ -3,7 +3,6 @@ and a report that does not match the schema is never written."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ def _keys(node: dict[str, Any]) -> set[str]:
 
 
 def _fields(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+    return {f.name for f in results.report_fields(cls)}
 
 
 def test_schema_and_types_agree_field_for_field() -> None:

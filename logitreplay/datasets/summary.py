@@ -16,6 +16,13 @@ from logitreplay.selectors.cpu_models import f16_bin
 SAMPLE_ROWS = 64
 
 
+def kth_tie_mask(values: torch.Tensor, inside: torch.Tensor, kth: torch.Tensor) -> torch.Tensor:
+    """Which in-bounds cells of `values` (rows, cols) equal their row's k-th largest value `kth` (rows,):
+    the candidates tied at the k-th value, among which a selection may take any (-0.0 equals 0.0, as in
+    verification). Shared by `inspect` and replay's tie report, so that both count the same ties."""
+    return inside & (values.float() == kth.unsqueeze(1))
+
+
 def value_stats(case: Case) -> dict[str, Any]:
     """Min/max over all values; ties at the k-th value and fp16 bins of the case's top-k values, over up to
     `SAMPLE_ROWS` evenly spaced non-empty rows (`sampled_rows` says how many)."""
@@ -38,7 +45,9 @@ def value_stats(case: Case) -> dict[str, Any]:
         top = torch.topk(row, min(case.top_k, row.numel())).values
         bins.append(int(torch.unique(f16_bin(top)).numel()))
         if row.numel() >= case.top_k:
-            ties.append(int((row == top[case.top_k - 1]).sum()) - 1)
+            tied = kth_tie_mask(row.unsqueeze(0), torch.ones_like(row, dtype=torch.bool).unsqueeze(0),
+                                top[case.top_k - 1:case.top_k])
+            ties.append(int(tied.sum()) - 1)
     out["sampled_rows"] = len(bins)
     out["fp16_bins_top_mean"] = float(np.mean(bins))
     out["kth_ties_mean"] = float(np.mean(ties)) if ties else None

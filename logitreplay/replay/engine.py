@@ -17,7 +17,8 @@ The verified selectors are timed together (`_time`: rounds alternate A B A B so 
 of them; if that raises, each alone), each on its own copy, with its output buffer reset first. After
 timing (`_after_timing`), the output of the last timed call must pass checks 1-4 again (check 7) and the
 inputs check 6 again: a selector that does the work only on the verified call, or breaks while timed, is
-FAILED and none of its time is shown. With `determinism`, each selector that passed is then rerun that
+FAILED and none of its time is shown. The outputs of the selectors that passed give the case's ties at
+the k-th value, each one's tie policy and each pair's agreement on index sets (ties.py). With `determinism`, each selector that passed is then rerun that
 many times, as it is timed, and its index sets compared run to run (determinism.py).
 
 Whatever a selector raises, `SystemExit` and `KeyboardInterrupt` included, is that selector's error,
@@ -49,6 +50,7 @@ from logitreplay.replay.protocol import Timing, TimingProtocol
 from logitreplay.replay.recall import Damage
 from logitreplay.replay.results import CaseResult, SelectorResult
 from logitreplay.replay.sources import Unreadable, describe_source
+from logitreplay.replay.ties import agreement, row_digests, tie_report
 from logitreplay.replay.timing import time_launches
 from logitreplay.replay.verify import (
     TIMED,
@@ -227,13 +229,21 @@ def _verify_and_time(case: Case, selectors: Sequence[Selector], original: Inputs
             _failed(v.result, failures)
             continue
         v.result.timing = timing
-        if determinism:
-            try:
-                v.result.determinism = rerun(v.launch, v.output, determinism, device)
-            except BaseException as e:
-                v.result.status, v.result.timing = "error", None
-                v.result.reason = f"determinism reruns: {_plugin_error(e)}"
-                raise_if_lost(device, v.result)
+    passed = [v for v in verified if v.result.timing is not None]
+    result.ties, policies = tie_report(original.logits, original.row_starts, original.row_ends, expected,
+                                       {v.result.selector: v.output.view for v in passed})
+    for v in passed:
+        v.result.tie_policy = policies[v.result.selector]
+        v.result.row_digests = row_digests(v.output.view)
+    result.agreement = agreement({v.result.selector: v.result.row_digests for v in passed
+                                  if v.result.row_digests is not None})
+    for v in passed if determinism else []:
+        try:
+            v.result.determinism = rerun(v.launch, v.output, determinism, device)
+        except BaseException as e:
+            v.result.status, v.result.timing = "error", None
+            v.result.reason = f"determinism reruns: {_plugin_error(e)}"
+            raise_if_lost(device, v.result)
 
 
 def _verify_selector(sel: Selector, case: Case, original: Inputs, expected: torch.Tensor, device: torch.device,

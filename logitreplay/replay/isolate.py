@@ -51,6 +51,7 @@ from typing import Any
 from logitreplay.errors import ReplayError, one_line
 from logitreplay.replay.protocol import TimingProtocol
 from logitreplay.replay.results import CaseResult, SelectorResult
+from logitreplay.replay.ties import agreement
 
 # Seconds a worker may take to start (the fork server's first import of torch) and to read its next
 # case: a `--timeout` counts only the selectors' own time on a case, from `step` to `result`.
@@ -206,7 +207,8 @@ def _whole(header: CaseResult, results: dict[str, SelectorResult], names: tuple[
 def merge(per_selector: dict[str, dict[int, CaseResult]], order: list[str], total: int,
           indices: Iterable[int] | None = None) -> list[CaseResult]:
     """One CaseResult per case (every one of `total`, or those at `indices`) with the selectors' results in
-    column order (`order`: selector names)."""
+    column order (`order`: selector names), and the agreement of their index sets (ties.py), which
+    selectors replayed in different processes can only have here."""
     merged = []
     for i in range(total) if indices is None else indices:
         parts = [per_selector[s][i] for s in order if i in per_selector.get(s, {})]
@@ -215,6 +217,9 @@ def merge(per_selector: dict[str, dict[int, CaseResult]], order: list[str], tota
         if not case.invalid:
             case.results = [r for s in order if i in per_selector.get(s, {})
                             for r in per_selector[s][i].results if r.selector == s]
+            case.agreement = agreement({r.selector: r.row_digests for r in case.results if r.row_digests is not None})
+            for r in case.results:
+                r.row_digests = None  # found: not kept for the rest of the run
         merged.append(case)
     return merged
 

@@ -349,6 +349,8 @@ def print_report(result: ReplayResult, console: Console, wide: bool = False) -> 
     lines, left_out = table(result, wide)
     print_lines(console, [w for line in heading(result) for w in wrap(line, width)] + lines
                 + [w for line in legend(result, wide, left_out) for w in wrap(line, width)])
+    agreeing = agreement_table(result, wide)
+    print_lines(console, [w for line in agreeing[:1] for w in wrap(line, width)] + agreeing[1:])
     for case in result.cases:
         for res in case.results:
             for f in res.failures:
@@ -366,6 +368,39 @@ def print_report(result: ReplayResult, console: Console, wide: bool = False) -> 
         print_lines(console, wrap(f"note: {note}", width))
     if result.partial is not None:
         print_lines(console, wrap(partial_line(result), width), style="bold yellow")
+
+
+_POLICY = {"lowest": "lowest", "highest": "highest", "none observed": "none"}
+
+
+def agreement_table(result: ReplayResult, wide: bool = False) -> list[str]:
+    """The agreement of the timed selectors' index sets: per pair, the least fraction over cases of rows
+    whose index sets agree, and each one's tie policy over the cases that offered a choice (ties.py).
+    Empty where there is nothing to say: no case with a row whose k-th value ties, and every pair agreeing."""
+    least: dict[tuple[str, str], float] = {}
+    for case in result.cases:
+        for a in case.agreement:
+            least[(a.a, a.b)] = least[(a.b, a.a)] = min(a.rows, least.get((a.a, a.b), 1.0))
+    choice = [c for c in result.cases if c.ties is not None and c.ties.rows_with_choice]
+    if not least or (not choice and min(least.values()) == 1.0):
+        return []
+    names = [s for s in result.selectors if any(k[0] == s for k in least)]
+    short = {s: s for s in names} if wide else short_names(result.selectors)
+    rows = [[short[a], *("-" if a == b else f"{least[(a, b)]:.2f}" if (a, b) in least else "" for b in names)]
+            for a in names]
+    rows.append(["policy", *(_policy(result, s) for s in names)])
+    most = max((c.ties.tied_max for c in choice if c.ties is not None), default=0)
+    lines = [f"index sets: the least fraction of a case's rows on which two selectors agree; ties at the k-th "
+             f"value leave a choice in {len(choice)} of {len(result.cases)} cases (at most {most} candidates "
+             "tied in a row); policy: which tied candidates each takes (lowest, highest, none observed)"]
+    return lines + render([Column(""), *(Column(short[s], right=True) for s in names)], rows,
+                          None if wide else WIDTH)
+
+
+def _policy(result: ReplayResult, selector: str) -> str:
+    """One selector's tie policy over the cases: the one every case with a choice showed, else none."""
+    seen = {r.tie_policy for c in result.cases for r in c.results if r.selector == selector and r.tie_policy}
+    return "-" if not seen else _POLICY[seen.pop()] if len(seen) == 1 else "none"
 
 
 def partial_line(result: ReplayResult) -> str:

@@ -22,6 +22,7 @@ from logitreplay.errors import LogitreplayError, one_line
 from logitreplay.replay.determinism import Determinism
 from logitreplay.replay.protocol import Timing, TimingProtocol
 from logitreplay.replay.recall import Damage
+from logitreplay.replay.ties import Agreement, Ties
 from logitreplay.replay.verify import Failure
 
 T = TypeVar("T")
@@ -39,7 +40,9 @@ class SelectorResult:
 
     `damage`: how far its selected values are from the exact top-k's (recall.py), wherever they differ
     (check 3 failed, or an approximate selector); None where they are exact or were never compared.
-    `determinism`: what `replay --determinism N`'s reruns showed (determinism.py); None without it."""
+    `determinism`: what `replay --determinism N`'s reruns showed (determinism.py); None without it.
+    `tie_policy`: how it chose among the candidates tied at the k-th value (ties.py: lowest, highest,
+    none observed), None where it was not timed or no row offered a choice."""
 
     selector: str
     status: str
@@ -48,6 +51,10 @@ class SelectorResult:
     timing: Timing | None = None
     damage: Damage | None = None
     determinism: Determinism | None = None
+    tie_policy: str | None = None
+    # Its index sets, one digest per row (ties.py), for the agreement of selectors that ran in other
+    # processes; not part of the report (`merge` drops it once the case's agreement is found).
+    row_digests: Any = field(default=None, repr=False, compare=False, metadata={"report": False})
 
 
 @dataclass
@@ -59,7 +66,9 @@ class CaseResult:
     `valid_bytes` the in-bounds logits bytes (the least any selector must read); `invalid` why the case
     could not be replayed (NaN inside a row), else None; `floor_us` the read floor (valid bytes / measured
     read bandwidth) when the device's bandwidth was measured; `fast_path` whether vLLM's DeepSelect
-    prefill fast path would take this case, with `fast_path_note` saying why not."""
+    prefill fast path would take this case, with `fast_path_note` saying why not. `ties`: the candidates
+    tied at its rows' k-th values, and `agreement`: per pair of timed selectors, the fraction of rows
+    whose index sets agree (ties.py); None and empty when no selector was timed."""
 
     case_id: str
     rows: int
@@ -75,6 +84,8 @@ class CaseResult:
     fast_path_note: str = ""
     results: list[SelectorResult] = field(default_factory=list)
     kind: str = "prefill"  # "prefill" or "decode" (`Case.kind`)
+    ties: Ties | None = None
+    agreement: list[Agreement] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return encode(self)
@@ -130,18 +141,22 @@ def encode(obj: Any) -> Any:
     if isinstance(obj, Timing):
         return obj.to_json()  # with its statistics, for readers of the file
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: encode(getattr(obj, f.name)) for f in report_fields(obj)}
     if isinstance(obj, list | tuple):
         return [encode(v) for v in obj]
     return obj
+
+
+def report_fields(cls: Any) -> list[dataclasses.Field[Any]]:
+    """The fields of a result type (or object) that its JSON holds: all but those marked `report: False`."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("report", True)]
 
 
 def decode(cls: type[T], data: Any) -> T:
     """The inverse of `encode` for `cls`, led by its field types (a nested result, a list of them, or
     a plain JSON value)."""
     hints = typing.get_type_hints(cls)
-    kwargs = {f.name: _decode_value(hints[f.name], data[f.name]) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-              if f.name in data}
+    kwargs = {f.name: _decode_value(hints[f.name], data[f.name]) for f in report_fields(cls) if f.name in data}
     return cls(**kwargs)
 
 
