@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TESTS = ["tests/adversarial", "tests/test_capture_writer.py", "tests/test_capture_hf.py",
-             "tests/test_capture_vllm.py", "tests/test_capture_sync.py", "tests/test_hub.py", "tests/test_export.py", "tests/test_verify.py",
+             "tests/test_capture_vllm_serving.py", "tests/test_capture_sync.py", "tests/test_hub.py", "tests/test_export.py", "tests/test_verify.py",
              "tests/test_replay.py", "tests/test_archive.py"]
 
 # Test module -> (area, what is thrown at it).
@@ -54,6 +54,8 @@ CATEGORIES: dict[str, tuple[str, str]] = {
      "orders, ties and infinities, rows of 300000 columns"),
     "test_capture_vllm": ("capture", "garbage outside [ks, ke), multi-request chunks, bad bounds, graph "
      "capture in progress, other ranks"),
+    "test_capture_vllm_serving": ("capture", "inside the released vLLM: bad layouts, graph capture in progress, "
+     "other ranks, forked and SIGKILLed workers, bounded close"),
     "test_hub": ("sharing", "offline, missing repo, missing revision, bad token (never printed), names "
      "escaping the target, unreachable Hub"),
     "test_export": ("sharing", "damaged and foreign safetensors files"),

@@ -1,12 +1,12 @@
-"""Shared test configuration: tests marked `gpu` run only where CUDA is available; the vLLM stand-in's
-fixtures (tests/vllm033/fixtures.py); the pinned upstream sources (tests/upstream_wheels.py)."""
+"""Shared test configuration: tests marked `gpu` run only where CUDA is available; the pinned upstream
+sources (tests/upstream_wheels.py) and the released vLLM loaded with its fakes (tests/engine_fakes/vllm)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-pytest_plugins = ["tests.vllm033.fixtures", "tests.upstream_wheels", "tests.engine_fakes.vllm.checks"]
+pytest_plugins = ["tests.upstream_wheels", "tests.engine_fakes.vllm.checks"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

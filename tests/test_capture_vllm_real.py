@@ -272,3 +272,55 @@ def test_two_tp_ranks_over_gloo_capture_every_row_once(pin: str, scheme: str, tm
         assert torch.equal(both[0], both[1]) and (both[0] >= -1).all()
         shown = CliRunner().invoke(main, ["inspect", "--wide", str(tmp_path / "cap.zarr")])  # the windows
         assert shown.exit_code == 0 and "tp0 rows 0:11" in shown.output and "tp1 rows 11:21" in shown.output
+
+
+class _Indexer:
+    """What the plugin reads of a model's indexer module: its name and that it owns an indexer op."""
+
+    def __init__(self, layer: int) -> None:
+        self.prefix = f"model.layers.{layer}.self_attn.indexer"
+        self.indexer_op = self  # any object: the layer owns one
+        self.compress_ratio = None
+
+
+class _Attention:
+    """A DeepSeek V4.1 attention layer as the plugin sees it: its indexer, its candidate source layer, and a
+    forward that runs the released op on another layer's key cache (`cache_layer`)."""
+
+    def __init__(self, layer: int, candidate_source: int) -> None:
+        self.indexer = _Indexer(layer)
+        self.candidate_source_layer = candidate_source
+
+    def forward(self, step: prefill.Step, meta: object, cache_layer: int, **candidate: object) -> torch.Tensor:
+        return prefill.run(step, meta, layer=cache_layer, **candidate)
+
+
+def test_v41_layers_sharing_a_key_cache_keep_their_own_identity(tree: Path, tmp_path: Path) -> None:
+    """DeepSeek V4.1: layers 1 and 2 read layer 0's key cache and are consumers of its candidates. Each case
+    is named after the layer that ran the op, the key cache it read is recorded separately, and its rows
+    are its own step's recomputed logits (masked to the source's candidate blocks)."""
+    steps = [prefill.make_step(TWO, seed=20 + i) for i in range(3)]
+    blocks, size = 2, 4
+    candidates = torch.full((21, blocks), -1, dtype=torch.int32)
+    with plugin(tree, tmp_path, Edges()) as capture:
+        for i, step in enumerate(steps):
+            meta = prefill.metadata(step, [prefill.chunk(step, list(range(21)), 0)])
+            _Attention(i, 0).forward(step, meta, 0, candidate_blocks=candidates, candidate_block_size=size,
+                                     candidate_write=i == 0)
+        capture.close()
+    found = {(c.attrs["layer_index"], c.attrs["logits_kind"]): c for c in cases(tmp_path / "cap.zarr")}
+    assert sorted(found) == [(0, "candidate_block_scores"), (0, "mqa_logits"), (1, "mqa_logits"), (2, "mqa_logits")]
+    for (layer, _kind), case in found.items():
+        a = case.attrs
+        assert a["layer_name"] == f"model.layers.{layer}.self_attn.indexer" and a["layer_named_from"] == "indexer module"
+        assert a["k_cache_prefix"] == prefill.PREFIX.format(0) and a["k_cache_layer_index"] == 0
+        assert a["candidate"]["source_layer"] == 0 and a["candidate"]["masked"] is (layer > 0)
+    check(found[(0, "mqa_logits")], steps[0], list(range(21)))
+    for layer in (1, 2):
+        consumer = found[(layer, "mqa_logits")]
+        for r in range(21):
+            want = prefill.expected(steps[layer], r)
+            keep = torch.zeros(want.numel(), dtype=torch.bool)
+            for block in candidates[r].tolist():
+                keep[block * size:(block + 1) * size] = block >= 0
+            torch.testing.assert_close(consumer.row(r).float(), torch.where(keep, want, float("-inf")))

@@ -16,8 +16,6 @@ from tests import upstream_wheels as uw
 
 ROOT = Path(__file__).parents[1]
 SCANNED = ("logitreplay", "tests", "bench")
-# Trees still to be deleted by the change that replaces them (issue 37): reported, not failed.
-PENDING_DELETION = ("tests/vllm033/",)
 
 UPSTREAM = """
 def rows_of(chunk, shard):
@@ -87,16 +85,14 @@ def test_idioms_found_in_many_upstream_files_do_not_count() -> None:
 
 @pytest.mark.slow
 def test_no_file_of_the_project_copies_released_engine_code(upstream: dict[str, list[str]]) -> None:
-    failures, pending = [], []
+    failures = []
     for top in SCANNED:
         for path in sorted((ROOT / top).rglob("*.py")):
             relative = path.relative_to(ROOT)
             found = uc.shared(relative, path.read_text(errors="replace"), upstream)
             if not uc.copied(found):
                 continue
-            (pending if str(relative).startswith(PENDING_DELETION) else failures).append(
+            failures.append(
                 f"{relative}: {len(found)} lines identical to released engine code:\n  "
                 + "\n  ".join(str(f) for f in found[:12]))
     assert not failures, "\n".join(failures)
-    if pending:
-        print("copied trees pending deletion:\n" + "\n".join(pending))
