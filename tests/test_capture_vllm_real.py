@@ -324,3 +324,43 @@ def test_v41_layers_sharing_a_key_cache_keep_their_own_identity(tree: Path, tmp_
             for block in candidates[r].tolist():
                 keep[block * size:(block + 1) * size] = block >= 0
             torch.testing.assert_close(consumer.row(r).float(), torch.where(keep, want, float("-inf")))
+
+
+def test_the_decode_op_called_directly_is_captured_once(tree: Path, tmp_path: Path) -> None:
+    """Builds that call `top_k_per_row_decode` themselves (not through `SparseIndexerTopk.forward`): the
+    op's own site makes one decode case, its bounds from seq_lens and next_n (2 here: a (batch, 1)
+    seq_lens gives each request's rows the ends L - 1 and L)."""
+    g = torch.Generator().manual_seed(30)
+    logits = torch.randn(4, 64, generator=g)
+    seq_lens = torch.tensor([[30], [64]], dtype=torch.int32)
+    out = torch.empty(4, 16, dtype=torch.int32)
+    with plugin(tree, tmp_path, Edges()) as capture:
+        import vllm._custom_ops as ops
+
+        ops.top_k_per_row_decode(logits, 2, seq_lens, out, 4, logits.stride(0), logits.stride(1), 16)
+        capture.close()
+    (case,) = cases(tmp_path / "cap.zarr")
+    assert case.decode is not None and case.decode.seq_lens == ((30,), (64,)) and case.decode.backend == "per_row"
+    assert case.row_ends.tolist() == [29, 30, 63, 64] and case.decode.max_seq_len == 64
+    assert summary(tmp_path / "cap.zarr")["calls_by_path"]["decode"]["captured"] == 1
+    for r, end in enumerate(case.row_ends.tolist()):
+        assert torch.equal(case.row(r), logits[r, :end])
+        assert set(case.reference_indices[r].tolist()) == set(torch.topk(logits[r, :end], 16).indices.tolist())
+
+
+def test_nothing_is_staged_while_a_decode_graph_is_captured(vllm_0340_tree: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph check sees the decode call's logits (the forward's first argument is the module) and
+    stops it before anything is staged."""
+    asked: list[object] = []
+
+    def capturing(t: object) -> bool:
+        asked.append(t)
+        return True
+
+    monkeypatch.setattr(serving, "_capturing_graph", capturing)
+    step = prefill.make_step([Request(30, 1), Request(13, 1)], seed=31)
+    with plugin(vllm_0340_tree, tmp_path, Edges()) as capture:
+        prefill.run(step, prefill.decode_metadata(step, 1, False))
+        assert capture.writer is None
+    assert asked and all(isinstance(t, torch.Tensor) for t in asked) and asked[0].shape[0] == 2
