@@ -47,10 +47,10 @@ class Determinism:
     first_row: int | None
 
     def short(self) -> str:
-        """The narrow table's mark: `det`, `order` (same sets, another order) or `xN` (N distinct sets)."""
+        """The wide table's words: `det`, or `nondet (order, row R)` / `nondet (N sets, row R)`."""
         if self.deterministic:
             return "det"
-        return "order" if self.same_sets else f"x{self.distinct_sets}"
+        return f"nondet ({'order' if self.same_sets else f'{self.distinct_sets} sets'}, row {self.first_row})"
 
     def __str__(self) -> str:
         if self.deterministic:

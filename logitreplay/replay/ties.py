@@ -94,7 +94,7 @@ def tie_report(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, e
     step = max(1, _CHUNK_CELLS // max(cols, 1))
     tied_all, choice_all = [], []
     policy_rows: dict[str, list[torch.Tensor]] = {name: [] for name in outputs}
-    for r0 in range(0, rows, step):
+    for r0 in range(0, rows if cols else 0, step):  # no columns: no ties, and nothing to gather from
         r1 = min(rows, r0 + step)
         tied, choice, policies = _chunk_policies(logits[r0:r1], starts[r0:r1], ends[r0:r1], expected[r0:r1],
                                                  {n: o[r0:r1] for n, o in outputs.items()})
@@ -103,14 +103,14 @@ def tie_report(logits: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, e
         for name, p in policies.items():
             policy_rows[name].append(p)
     longer = (ends - starts).to(torch.int64) > k
-    tied = torch.cat(tied_all) if tied_all else torch.zeros(0, dtype=torch.int64)
-    choice = torch.cat(choice_all) if choice_all else torch.zeros(0, dtype=torch.bool)
-    counted = tied[longer] if rows else tied
+    tied = torch.cat(tied_all) if tied_all else torch.zeros(rows, dtype=torch.int64, device=expected.device)
+    choice = torch.cat(choice_all) if choice_all else torch.zeros(rows, dtype=torch.bool, device=expected.device)
+    counted = tied[longer]
     ties = Ties(int(choice.sum()), int(longer.sum()), int(counted.max()) if counted.numel() else 0,
                 float(counted.double().mean()) if counted.numel() else 0.0)
     policy: dict[str, str | None] = {}
     for name, parts in policy_rows.items():
-        chosen = torch.cat(parts)[choice] if parts else torch.zeros((0, 2), dtype=torch.bool)
+        chosen = torch.cat(parts)[choice] if parts else torch.zeros((0, 2), dtype=torch.bool)  # no rows: no choice
         policy[name] = None if not chosen.numel() else LOWEST if bool(chosen[:, 0].all()) else \
             HIGHEST if bool(chosen[:, 1].all()) else NONE_OBSERVED
     return ties, policy
