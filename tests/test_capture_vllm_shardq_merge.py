@@ -36,8 +36,8 @@ def _capture(tree: Path, out: Path, step: prefill.Step, rank: int, **options: ob
         capture.close()
 
 
-def _merge(src: Path, out: Path) -> tuple[int, str]:
-    result = CliRunner().invoke(main, ["merge", str(src), "--out", str(out)])
+def _merge(src: Path, out: Path, *options: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["merge", str(src), "--out", str(out), *options])
     return result.exit_code, result.output
 
 
@@ -88,15 +88,22 @@ def test_the_ranks_shardq_cases_merge_into_one_case_of_the_step(vllm_0340_tree: 
 
 
 @pytest.mark.parametrize("ranks", [(1,), (0, 1, 1)], ids=["a rank missing", "a rank twice"])
-def test_parts_that_do_not_tile_the_step_are_refused(vllm_0340_tree: Path, tmp_path: Path,
-                                                    ranks: tuple[int, ...]) -> None:
+def test_parts_that_do_not_tile_the_step_are_kept_as_they_are_and_named(vllm_0340_tree: Path, tmp_path: Path,
+                                                                       ranks: tuple[int, ...]) -> None:
     step = prefill.make_step(REQUESTS, seed=12)
     for rank in ranks:
         _capture(vllm_0340_tree, tmp_path, step, rank)
+    source = Archive.open(tmp_path / "cap.zarr")
+    why = "every rank's rows are needed" if ranks == (1,) else "is repeated"
     code, output = _merge(tmp_path / "cap.zarr", tmp_path / "merged.zarr")
-    assert code == 1 and len(output.strip().splitlines()) == 1
-    assert ("every rank's rows are needed" if ranks == (1,) else "is repeated") in output
-    assert not (tmp_path / "merged.zarr").exists() and len(Archive.open(tmp_path / "cap.zarr").case_ids()) > 0
+    assert code == 0 and "0 ShardQ cases merged" in output
+    assert "not merged: " in output and why in output  # named, with the reason
+    copied = Archive.open(tmp_path / "merged.zarr")
+    assert sorted(copied.case_ids()) == sorted(source.case_ids())  # no part lost, none changed
+    assert all(copied.read(c).sha256() == source.read(c).sha256() for c in source.case_ids())
+    code, output = _merge(tmp_path / "cap.zarr", tmp_path / "strict.zarr", "--strict")
+    assert code == 1 and len(output.strip().splitlines()) == 1 and why in output
+    assert not (tmp_path / "strict.zarr").exists() and len(source.case_ids()) > 0
 
 
 def test_cases_that_are_no_shardq_parts_are_copied_as_they_are(vllm_0340_tree: Path, tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ Together the ranks' cases of one layer in one step (`tensor_parallel.step`, coun
 hold every row of the step's prefill once: `merge_parts` rebuilds the one case a TP 1 run would have
 captured, its rows in step order, each row's values, bounds and reference indices exactly as its rank
 captured them, and every part's own facts (case id, rank, chunk, row positions, layout) in the
-provenance (`shards`). Parts that do not tile the rows (a rank missing, a row twice, a gap) are refused
-in one line: a merged case is complete or is not made.
+provenance (`shards`). Parts that do not tile the rows (a rank missing, a row twice, a gap) are never
+merged: a merged case is complete or is not made. Each rank applies the capture policy on its own (its
+matrices' widths can differ), so a rank may keep a step another skipped: by default such a group's parts
+are copied as they are and named with the reason, and `strict` refuses the whole archive instead.
 """
 
 from __future__ import annotations
@@ -115,26 +117,37 @@ def merge_parts(parts: Sequence[Case]) -> Case:
     return merged
 
 
-def merge_archive(source: Archive, target: str | os.PathLike[str]) -> tuple[int, int]:
+def merge_archive(source: Archive, target: str | os.PathLike[str],
+                  strict: bool = False) -> tuple[int, int, list[str]]:
     """Write `target`, a new archive of `source`'s complete cases with each step's ShardQ parts merged
-    into one case (`merge_parts`) and every other case as it is; returns (merged cases, parts merged).
-    `source` is only read; a refusal leaves no `target` behind."""
+    into one case (`merge_parts`) and every other case as it is; returns (merged cases, parts merged, one
+    line per group kept as its parts: its layer, step, case ids and why). With `strict`, a group that does
+    not merge refuses the whole archive. `source` is only read; a refusal leaves no `target` behind."""
     out = Path(target)
     if out.exists():
         raise ArchiveError(f"{out}: exists; merge writes a new archive")
     groups = shardq_groups(source.infos())
-    in_groups = {cid for ids in groups.values() for cid in ids}
+    merged_ids: set[str] = set()
+    kept: list[str] = []
     try:
-        merged = Archive.create(out, {k: v for k, v in source.attrs.items() if k != "logitreplay"}, exist_ok=False)
-        for ids in groups.values():  # first: a refused group costs no copying
-            merged.write(merge_parts([source.read(cid) for cid in ids]))
+        made = Archive.create(out, {k: v for k, v in source.attrs.items() if k != "logitreplay"}, exist_ok=False)
+        for (layer, step), ids in groups.items():  # first: under strict, a refused group costs no copying
+            try:
+                case = merge_parts([source.read(cid) for cid in ids])
+            except ArchiveError as err:
+                if strict:
+                    raise
+                kept.append(f"{layer} step {step}: kept as {len(ids)} parts ({err})")
+                continue
+            made.write(case)
+            merged_ids.update(ids)
         for cid in source.case_ids():
-            if cid not in in_groups:
-                merged.write(source.read(cid))
+            if cid not in merged_ids:
+                made.write(source.read(cid))
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    return len(groups), len(in_groups)
+    return len(groups) - len(kept), len(merged_ids), kept
 
 
 __all__ = ["SHARDQ", "merge_archive", "merge_parts", "positions", "shardq_groups", "shardq_key"]
