@@ -164,3 +164,10 @@ def test_damaged_or_foreign_garbage_is_a_one_line_error(tmp_path: Path) -> None:
     r = runner.invoke(main, ["import", str(other), str(damaged), "--out", str(tmp_path / "y.zarr")])
     assert r.exit_code == 1 and "(1 earlier file imported)" in r.output
     assert Archive.open(tmp_path / "y.zarr").case_ids() == ["e"]
+
+
+def test_exporting_an_archive_without_a_complete_case_fails(tmp_path: Path) -> None:
+    Archive.create(tmp_path / "empty.zarr", {})
+    result = CliRunner().invoke(main, ["export", str(tmp_path / "empty.zarr"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "no complete case to export" in result.output
+    assert len(result.output.strip().splitlines()) == 1

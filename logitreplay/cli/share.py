@@ -55,6 +55,8 @@ def export_cmd(location: str, case_globs: tuple[str, ...], out: Path, fill: floa
     check_dir_target(out, "--out")
     archive = Archive.open(location)
     known = [i for i in archive.infos() if i.complete]
+    if not known:  # an export that writes nothing must not look like one that succeeded
+        raise ArchiveError(f"{location}: no complete case to export")
     check_globs([i.case_id for i in known], case_globs, [i.short_id for i in known])
     written, damaged = [], []
     for info in (i for i in known if matches(i.case_id, case_globs, i.short_id)):  # a damaged case never stops the others
