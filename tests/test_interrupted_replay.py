@@ -62,6 +62,7 @@ def test_an_interrupted_replay_keeps_its_finished_cases_and_resumes(archive: str
     assert all(r["status"] == "ok" for c in partial["cases"] for r in c["results"])
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert [(r["case_id"], r["selector"]) for r in rows] == [(c, s) for c in ("p0", "p1") for s in ("reference", "stalls")]
+    assert {r["partial"] for r in rows} == {f"stopped by {sig.name} after 2 of 4 cases"}
 
     proc = _logitreplay(tmp_path, "replay", "--resume", "r.json")
     out, err = proc.communicate(timeout=300)
@@ -75,6 +76,7 @@ def test_an_interrupted_replay_keeps_its_finished_cases_and_resumes(archive: str
     for earlier, now in zip(partial["cases"], whole.cases[:2], strict=True):  # kept, not replayed
         assert earlier["results"][0]["timing"]["samples_us"] == now.results[0].timing.samples_us
     assert [r["case_id"] for r in csv.DictReader((tmp_path / "r.csv").open())][::2] == IDS
+    assert {r["partial"] for r in csv.DictReader((tmp_path / "r.csv").open())} == {""}
 
 
 @pytest.mark.slow

@@ -413,11 +413,15 @@ def partial_line(result: ReplayResult) -> str:
 
 
 CSV_FIELDS = ("case_id", "cols", "rows", "top_k", "dtype", "source", "selector", "status", "median_us",
-              "p10_us", "p90_us", "cv", "samples", "ratio_to_baseline", "floor_us", "reason")
+              "p10_us", "p90_us", "cv", "samples", "ratio_to_baseline", "floor_us", "reason", "partial")
 
 
 def write_csv(result: ReplayResult, path: Path) -> None:
-    """One line per (case, selector); an invalid case gets one line per selector with its reason."""
+    """One line per (case, selector); an invalid case gets one line per selector with its reason. A partial
+    report (an interrupted run) says so on every line, so a file read alone never passes for a whole run."""
+    p = result.partial or {}
+    stopped = f"stopped by {p.get('signal')} after {p.get('cases_done')} of {p.get('cases_total')} cases" \
+        if result.partial else ""
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
@@ -427,7 +431,7 @@ def write_csv(result: ReplayResult, path: Path) -> None:
                     "floor_us": "" if case.floor_us is None else f"{case.floor_us:.3f}"}
             for name in result.selectors:
                 res = case.result(name)
-                line: dict[str, Any] = {**base, "selector": name}
+                line: dict[str, Any] = {**base, "selector": name, "partial": stopped}
                 if case.invalid:
                     line.update(status="invalid", reason=case.invalid)
                 elif res is None:  # a partial report (an interrupted --isolate run) holds no result here
