@@ -12,12 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner, Result
 
 from logitreplay.archive import Archive, Case
 from logitreplay.archive.ids import natural_order, short_id
 from logitreplay.cli import common, main
 from logitreplay.replay import report
+from logitreplay.replay.environment import environment
 from logitreplay.replay.protocol import Timing, TimingProtocol
 from logitreplay.replay.report import Column, render
 from logitreplay.replay.results import CaseResult, ReplayResult, SelectorResult
@@ -82,7 +84,8 @@ def test_a_narrow_table_with_more_ratios_than_fit_leaves_the_last_out_and_says_s
 def _result(device: str, median_us: float) -> ReplayResult:
     case = CaseResult("a-normal-c64-r6-k8", 6, 64, 8, "float32", 64, "normal", 1000)
     case.results = [SelectorResult("reference", "ok", timing=Timing([median_us] * 3, "wall"))]
-    return ReplayResult(device, "t", TimingProtocol.for_device("cpu" if device == "cpu" else "cuda"), {},
+    env = environment(torch.device("cpu"))  # a report as replay writes it: compare reads it against the schema
+    return ReplayResult(device, "t", TimingProtocol.for_device("cpu" if device == "cpu" else "cuda"), env,
                         "reference", ["reference"], [case])
 
 
