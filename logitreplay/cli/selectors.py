@@ -10,6 +10,7 @@ from logitreplay.selectors.listing import Listed, listing
 
 _DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 _LAYOUT = {"decode": "d", "starts": "s", "padded": "p"}
+_STATUS = {"not installed": "missing"}  # the table's short form, so that every name stays whole on its line
 
 
 def _group(r: Listed) -> str:
@@ -36,9 +37,10 @@ def selectors_cmd(check: bool, json_out: str | None) -> None:
         if r.kind == "adapter":
             groups.setdefault(_group(r), []).append(r.name)
     notes = {text: i + 1 for i, text in enumerate(groups)}
-    columns = [Column("selector", fold=True, least=16), Column("status"), Column("device"), Column("dtypes"),
-               Column("k", fold=True, least=9), Column("rows"), Column("see", right=True)]
-    cells = [[r.name, r.status, r.device, " ".join(_DTYPE.get(d, d) for d in r.dtypes) or "?", r.k,
+    columns = [Column("selector"), Column("status"), Column("device"), Column("dtypes"),
+               Column("k", fold=True, least=6), Column("rows"), Column("see", right=True)]
+    cells = [[r.name, _STATUS.get(r.status, r.status), r.device.replace(", ", "+"),
+              " ".join(_DTYPE.get(d, d) for d in r.dtypes) or "?", r.k,
               "".join(_LAYOUT.get(x, x) for x in r.layouts) or "?",
               str(notes[_group(r)]) if r.kind == "adapter" else "-" if r.kind == "built-in" else "plugin"]
              for r in rows]
@@ -48,6 +50,7 @@ def selectors_cmd(check: bool, json_out: str | None) -> None:
     lines += [w for text in (
         f"{plural(len(rows), 'selector')}, {ok} usable here"
         f"{'.' if check else ' as far as their packages are found (--check loads them).'}",
-        "rows: d = rows from column 0 (decode), s = rows starting anywhere (prefill chunks), p = a padded "
-        "row stride. An adapter refuses a package version outside the range it takes.") for w in wrap(text)]
+        "status: missing = its package is not installed. rows: d = rows from column 0 (decode), s = rows "
+        "starting anywhere (prefill chunks), p = a padded row stride. An adapter refuses a package version "
+        "outside the range it takes.") for w in wrap(text)]
     click.echo("\n".join(lines))
