@@ -106,3 +106,16 @@ def test_a_file_that_is_not_a_report_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text('{"schema": "other"}')
     res = CliRunner().invoke(main, ["compare", str(tmp_path / "x.json"), str(tmp_path / "x.json")])
     assert res.exit_code == 1 and "not a replay result" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_each_case_id_stands_whole_on_a_line_of_its_own(tmp_path: Path) -> None:
+    base, new = _report({}, 0), _report({}, 1)
+    for case in base.cases + new.cases:  # ids as long as the stress suite's: folded, not pasted into --case
+        case.case_id = f"bin-flood-{case.case_id}-c163840-b9-n1-k2048-indexer-full-f16385"
+    write_json(base, tmp_path / "base.json")
+    write_json(new, tmp_path / "new.json")
+    result = CliRunner().invoke(main, ["compare", str(tmp_path / "base.json"), str(tmp_path / "new.json")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert all(case.case_id in lines for case in new.cases)
+    assert all(len(line) <= 80 for line in lines)

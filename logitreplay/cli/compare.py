@@ -79,28 +79,41 @@ def _recall_lines(result: Comparison, short: dict[str, str]) -> list[str]:
     def side(status: str | None, recall: float | None) -> str:
         return "-" if status is None else status if recall is None else f"{status} {recall:.4f}"
 
-    columns = [Column("case", fold=True), Column("sel"), Column("base: least recall", right=True),
-               Column("new: least recall", right=True)]
-    cells = [[r.case_id, short.get(r.selector, r.selector), side(r.base_status, r.base_recall),
-              side(r.new_status, r.new_recall)] for r in result.recall]
+    columns = [Column("case / sel"), Column("base: least recall", right=True), Column("new: least recall", right=True)]
+    rows = [(r.case_id, [short.get(r.selector, r.selector), side(r.base_status, r.base_recall),
+                         side(r.new_status, r.new_recall)]) for r in result.recall]
     return wrap("values not exact in a report (recall: the least fraction of a row's exact top-k values "
-                "found; 1.0000: exact):") + render(columns, cells)
+                "found; 1.0000: exact):") + _by_case(columns, rows)
+
+
+def _by_case(columns: list[Column], rows: list[tuple[str, list[str]]]) -> list[str]:
+    """A table whose rows stand under their case's whole id, on a line of its own: an id is never folded,
+    so it can be copied into --case; the first column's cells are indented under it."""
+    body = render(columns, [["  " + cells[0], *cells[1:]] for _, cells in rows])
+    out, last = body[:2], None
+    for (case_id, _), text in zip(rows, body[2:], strict=True):
+        if case_id != last:
+            out.append(case_id)
+            last = case_id
+        out.append(text)
+    return out
 
 
 def _print(result: Comparison, base: ReplayResult, base_path: Path, new_path: Path) -> None:
-    """The ratios as one table within WIDTH columns (case ids wrap where they must), in the unit of the
-    reports' device kind, then the counts, what only one report timed, and the notes."""
+    """The ratios as one table within WIDTH columns (each case's whole id on a line of its own above its
+    selectors), in the unit of the reports' device kind, then the counts, what only one report timed, and
+    the notes."""
     name_of_unit, scale = unit(base.device)
     short = short_names(base.selectors)
-    columns = [Column("case", fold=True), Column("sel"), Column(f"base {name_of_unit}", right=True),
+    columns = [Column("case / sel"), Column(f"base {name_of_unit}", right=True),
                Column(f"new {name_of_unit}", right=True), Column("n", right=True), Column("ratio", right=True),
                Column("95% interval", right=True), Column("flag")]
-    cells = [[r.case_id, short.get(r.selector, r.selector), number(r.base_us / scale), number(r.new_us / scale),
-              f"{r.base_samples}/{r.new_samples}", f"{r.ratio:.3f}", f"{r.low:.3f}-{r.high:.3f}",
-              "too few" if r.flag == TOO_FEW else r.flag]
-             for r in result.rows]
+    rows = [(r.case_id, [short.get(r.selector, r.selector), number(r.base_us / scale), number(r.new_us / scale),
+                         f"{r.base_samples}/{r.new_samples}", f"{r.ratio:.3f}", f"{r.low:.3f}-{r.high:.3f}",
+                         "too few" if r.flag == TOO_FEW else r.flag])
+            for r in result.rows]
     lines = wrap(f"{new_path} / {base_path}: ratio of medians, bootstrap 95% interval; n: samples in "
-                 "BASE/NEW") + render(columns, cells)
+                 "BASE/NEW") + _by_case(columns, rows)
     changed = [f"{s} = {name}" for name, s in short.items() if s != name]
     if changed:
         lines += wrap("sel: " + ", ".join(changed))
