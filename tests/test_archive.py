@@ -178,3 +178,33 @@ def test_causal_case_stores_about_half_of_its_padded_matrix(tmp_path: Path) -> N
     padded = recipe.rows * recipe.cols * 4
     assert info.stored_bytes is not None
     assert 0.4 < info.stored_bytes / padded < 0.55
+
+
+def test_a_second_creator_waits_for_an_archive_another_process_is_creating(tmp_path: Path) -> None:
+    """TP ranks start capturing together: one rank must not open the archive between the root's metadata
+    and its 'cases' group, which another rank's creation writes one after the other."""
+    import threading
+    import time
+
+    import zarr
+
+    from logitreplay.archive.guards import writer_lock
+    from logitreplay.archive.store import SCHEMA_VERSION
+
+    path = tmp_path / "cap.zarr"
+    begun = threading.Event()
+
+    def first_creator() -> None:
+        with writer_lock(path, wait=True):
+            root = zarr.open_group(str(path), mode="a", zarr_format=3)
+            begun.set()
+            time.sleep(0.3)  # the second creator arrives before the attributes and the 'cases' group
+            root.attrs.update({"logitreplay": {"schema_version": SCHEMA_VERSION, "created": "now"}})
+            root.require_group("cases")
+
+    thread = threading.Thread(target=first_creator)
+    thread.start()
+    begun.wait()
+    archive = Archive.create(path)
+    thread.join()
+    assert archive.case_ids() == []

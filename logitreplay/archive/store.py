@@ -136,6 +136,9 @@ class Archive:
         if p.exists() and (p / "zarr.json").exists():
             if not exist_ok:
                 raise ArchiveError(f"{p}: archive exists")
+            if not (p / "cases" / "zarr.json").exists():  # another process is creating it (TP ranks start
+                with writer_lock(p, wait=True):            # together): its 'cases' group is there once it is done
+                    pass
             return cls.open(p, mode="a")
         if p.exists() and any(e.name != LOCK_FILE for e in p.iterdir()):
             raise ArchiveError(f"{p}: exists and is not an archive; refusing to write into it")
