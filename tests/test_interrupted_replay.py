@@ -122,3 +122,33 @@ def test_resume_refuses_a_complete_report_and_changed_options(archive: str, tmp_
     assert res.exit_code == 1 and "is a complete report (not marked partial); nothing to resume" in res.output
     res = CliRunner().invoke(main, ["replay", "--resume", str(done), "--rounds", "3"])
     assert res.exit_code == 2 and "--rounds cannot change them" in res.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_replay_over_ranks_keeps_every_ranks_finished_cases(archive: str, tmp_path: Path,
+                                                                           sig: signal.Signals) -> None:
+    """`--devices`: the launcher passes the signal on to each rank once, and rank 0 writes the partial report
+    of every rank's finished cases with the whole run's configuration, which `--resume` completes."""
+    proc = _logitreplay(tmp_path, "replay", archive, "--device", "cpu", "--devices", "0,1", "--selectors",
+                        "reference", "--selector", "tests.dying_plugins:make_stalls", "--rounds", "1",
+                        "--json", "r.json", "--csv", "r.csv")
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "stalling").exists():  # a rank is in p2, which stalls
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + sig.value, err
+    assert "Traceback" not in err and "PARTIAL: stopped by" in out
+    partial = json.loads((tmp_path / "r.json").read_text())
+    done = [c["case_id"] for c in partial["cases"]]
+    assert "p2" not in done and done == [c for c in IDS if c in done]
+    assert partial["partial"]["cases_done"] == len(done) and partial["partial"]["cases_total"] == len(IDS)
+    assert {r["partial"] for r in csv.DictReader((tmp_path / "r.csv").open())} <= {
+        f"stopped by {sig.name} after {len(done)} of 4 cases"}
+
+    proc = _logitreplay(tmp_path, "replay", "--resume", "r.json")
+    out, err = proc.communicate(timeout=300)
+    whole = read_json(tmp_path / "r.json")
+    assert whole.partial is None and [c.case_id for c in whole.cases] == IDS

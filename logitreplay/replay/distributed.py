@@ -38,13 +38,24 @@ from typing import Any
 
 from logitreplay.errors import ReplayError
 from logitreplay.replay.results import CaseResult, ReplayResult
-from logitreplay.replay.run import Progress, ReplayConfig, ReplayRun, merge_runs, resolve, run_replay
+from logitreplay.replay.run import (
+    Progress,
+    ReplayConfig,
+    ReplayInterrupted,
+    ReplayRun,
+    merge_runs,
+    partial_mark,
+    resolve,
+    run_replay,
+    terminate_as_interrupt,
+)
 from logitreplay.replay.sources import EntryCost, case_costs
 from logitreplay.selectors.registry import needs_own_process
 
 CHILD_ENV = "LOGITREPLAY_RANK_CHILD"  # set in the child a supervisor starts: it replays, not supervises
 _PREFIX = "logitreplay/replay"
 _POLL_S = 0.2
+_STOP_WAIT_S = 60  # how long, after a signal, rank 0 waits for the others' finished cases
 _TIMEOUT = timedelta(hours=2)  # the store's wait for a key another rank sets (rank 0's pinned inputs)
 
 
@@ -131,10 +142,35 @@ def replay(config: ReplayConfig, progress: Progress[Any]) -> ReplayRun | None:
     if device == "cuda":
         device = f"cuda:{me.local_rank}"
     where = f"{device} on {socket.gethostname()}"
-    _replay_share(store, me.rank, replace(config, device=device), shares[me.rank], ids, where, progress)
-    if me.rank != 0:
-        return None
-    return _collect(store, config, shares, ids)
+    try:
+        with terminate_as_interrupt():
+            _replay_share(store, me.rank, replace(config, device=device), shares[me.rank], ids, where, progress)
+            return _collect(store, config, shares, ids) if me.rank == 0 else None
+    except KeyboardInterrupt as stop:  # the supervisor passed a SIGINT or SIGTERM on to every rank
+        name = stop.signal if isinstance(stop, ReplayInterrupted) else "SIGTERM" if str(stop) == "SIGTERM" else "SIGINT"
+        if me.rank != 0:  # its finished cases are in the store (`_replay_share`); rank 0 writes the report
+            raise SystemExit(128 + signal.Signals[name].value) from None
+        summary = _get(store, "run/0")
+        template = stop.run.result if isinstance(stop, ReplayInterrupted) else \
+            ReplayResult.from_json(json.loads(summary)) if summary else None
+        if template is None:
+            raise
+        raise ReplayInterrupted(_stopped(store, config, len(shares), ids, name, template), name) from None
+
+
+def _stopped(store: Any, config: ReplayConfig, world: int, ids: list[str], signal_name: str,
+             template: ReplayResult) -> ReplayRun:
+    """Rank 0, stopped by a signal: once every rank has stored what it finished (or `_STOP_WAIT_S` has
+    passed), the partial run of all ranks' finished cases with the whole run's configuration, so that
+    `replay --resume` replays exactly the others."""
+    deadline = time.monotonic() + _STOP_WAIT_S
+    while time.monotonic() < deadline and not all(
+            store.check([f"stopped/{r}"]) or store.check([f"done/{r}"]) for r in range(1, world)):
+        time.sleep(_POLL_S)
+    places = [p for p in range(len(ids)) if store.check([f"case/{p}"])]
+    result = replace(template, cases=[CaseResult.from_json(json.loads(store.get(f"case/{p}"))) for p in places])
+    result.partial = partial_mark(signal_name, len(places), len(ids), config)
+    return ReplayRun(result, places, config, list(config.locations))
 
 
 def _replay_share(store: Any, rank: int, config: ReplayConfig, share: list[int], ids: list[str], where: str,
@@ -154,16 +190,28 @@ def _replay_share(store: Any, rank: int, config: ReplayConfig, share: list[int],
     if remaining:
         # A run of one selector at a time yields each selector's results apart: stored when it returns.
         alone = config.isolate or config.timeout_s is not None or needs_own_process(list(config.selectors))
-        run = run_replay(replace(config, case_indices=tuple(remaining)), progress if alone else
-                         lambda items, n, label: progress(_tracked(store, rank, remaining, items), n, label))
-        for place, case in zip(run.places, run.result.cases, strict=True):
-            store.set(f"case/{place}", json.dumps(case.to_json()))
+        try:
+            run = run_replay(replace(config, case_indices=tuple(remaining)), progress if alone else
+                             lambda items, n, label: progress(_tracked(store, rank, remaining, items), n, label))
+        except ReplayInterrupted as stop:  # keep what this rank finished for rank 0's partial report
+            _store_cases(store, stop.run)
+            store.set(f"stopped/{rank}", stop.signal)
+            raise
+        _store_cases(store, run)
         store.set(f"run/{rank}", json.dumps(replace(run.result, cases=[]).to_json()))
         gpu = run.result.environment.get("gpu")
     record = {"rank": rank, "host": socket.gethostname(), "device": config.device, "gpu": gpu,
               "cases": [ids[p] for p in share], "lost": lost}
     store.set(f"rank/{rank}", json.dumps(record))
     store.set(f"done/{rank}", "1")
+
+
+def _store_cases(store: Any, run: ReplayRun) -> None:
+    """Each case `run` finished, under its place in the whole run (a case of an interrupted run of one
+    selector at a time that some selector did not reach is left for `replay --resume`)."""
+    for place, case in zip(run.places, run.result.cases, strict=True):
+        if case.invalid or all(case.result(s) is not None for s in run.result.selectors):
+            store.set(f"case/{place}", json.dumps(case.to_json()))
 
 
 def _tracked(store: Any, rank: int, places: list[int], items: Iterable[tuple[int, CaseResult]]
@@ -233,33 +281,55 @@ def supervise(store: Any, envs: Mapping[int, Mapping[str, str]], argv: Sequence[
     cmd = [sys.executable, "-m", "logitreplay", *argv]
 
     def start(r: int) -> tuple[subprocess.Popen[bytes], int]:
-        return subprocess.Popen(cmd, env={**envs[r], CHILD_ENV: "1"}), store.add(f"started/{r}", 0)
+        # A session of its own: a Ctrl-C at the terminal reaches the supervisor alone, which passes it on once.
+        return (subprocess.Popen(cmd, env={**envs[r], CHILD_ENV: "1"}, start_new_session=True),
+                store.add(f"started/{r}", 0))
 
     children = {r: start(r) for r in envs}
     status = 0
     try:
-        while children:
+        with terminate_as_interrupt():
+            status = _watch(store, children, start)
+    except KeyboardInterrupt as stop:  # SIGINT, or SIGTERM (terminate_as_interrupt): each rank ends its run
+        sig = signal.SIGTERM if str(stop) == "SIGTERM" else signal.SIGINT
+        for proc, _ in children.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+        deadline = time.monotonic() + _STOP_WAIT_S + 30
+        while time.monotonic() < deadline and any(proc.poll() is None for proc, _ in children.values()):
             time.sleep(_POLL_S)
-            for r, (proc, started) in list(children.items()):
-                code = proc.poll()
-                if code is None:
-                    continue
-                del children[r]
-                if store.check([f"done/{r}"]):
-                    status = code if r == 0 else status
-                    continue
-                why = _death(code)
-                if store.add(f"started/{r}", 0) > started:
-                    store.set(f"died/{r}", why)
-                    children[r] = start(r)
-                else:
-                    store.set(f"gave-up/{r}", f"its process {why} before its next case")
-                    status = code if r == 0 else status
-    finally:  # a Ctrl-C or an error here leaves no child behind
+        first = children.get(0)
+        status = first[0].returncode if first is not None and first[0].returncode is not None else 128 + sig.value
+    finally:  # an error here, or a rank that did not end in time, leaves no child behind
         for proc, _ in children.values():
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
+    return status
+
+
+def _watch(store: Any, children: dict[int, tuple[subprocess.Popen[bytes], int]],
+           start: Any) -> int:
+    """Poll the ranks' children until every one has ended, starting again one that died with cases left
+    (`supervise`); returns rank 0's exit status when it is supervised here, else 0."""
+    status = 0
+    while children:
+        time.sleep(_POLL_S)
+        for r, (proc, started) in list(children.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del children[r]
+            if store.check([f"done/{r}"]):
+                status = code if r == 0 else status
+                continue
+            why = _death(code)
+            if store.add(f"started/{r}", 0) > started:
+                store.set(f"died/{r}", why)
+                children[r] = start(r)
+            else:
+                store.set(f"gave-up/{r}", f"its process {why} before its next case")
+                status = code if r == 0 else status
     return status
 
 

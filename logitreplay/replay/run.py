@@ -174,7 +174,7 @@ class ReplayInterrupted(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
+def terminate_as_interrupt() -> Iterator[None]:
     """While the block runs (in the main thread), SIGTERM raises `_Terminated` instead of ending the process."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -268,7 +268,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
     per_selector: dict[str, dict[int, CaseResult]] = {}
     places = list(range(total)) if config.case_indices is None else sorted(set(config.case_indices))
     try:
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             for one in jobs:
                 label = f"replay ({one.names[0]} alone)" if alone else "replay"
                 for index, case_result in progress(supervise(one, total, timeout_s, notes, ids), total, label):
