@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.engine_fakes.made import Made
+
 _ENGINE_ROOTS = ("sglang", "sgl_kernel", "deep_gemm", "flashinfer")
 
 # The released modules the tests run.
@@ -115,17 +117,6 @@ class Boundary(types.ModuleType):
         return value
 
 
-class _Served(importlib.abc.Loader):
-    def __init__(self, make: Any) -> None:
-        self._make = make
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return self._make(spec.name)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
-
-
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, tree: Path) -> None:
         self.tree = tree
@@ -136,7 +127,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             return None
         self.served.add(name)
         if name in FAKES:
-            return importlib.machinery.ModuleSpec(name, _Served(self._fake), is_package=True)
+            return importlib.machinery.ModuleSpec(name, Made(self._fake), is_package=True)
         parts = name.split(".")
         directory, file = self.tree.joinpath(*parts), self.tree.joinpath(*parts[:-1], parts[-1] + ".py")
         real = name in REAL or name.startswith(REAL_PREFIXES)
@@ -149,7 +140,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
             spec.submodule_search_locations = [str(directory)]
             return spec
-        return importlib.machinery.ModuleSpec(name, _Served(Boundary), is_package=True)
+        return importlib.machinery.ModuleSpec(name, Made(Boundary), is_package=True)
 
     def _fake(self, name: str) -> types.ModuleType:
         fake = importlib.import_module(FAKES[name])

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.engine_fakes.made import Made
+
 REAL = frozenset({
     "vllm.model_executor.layers.sparse_attn_indexer",
     "vllm.model_executor.layers.indexer_topk",
@@ -82,17 +84,6 @@ class InertModule(types.ModuleType):
         return value
 
 
-class _Made(importlib.abc.Loader):
-    def __init__(self, make: Any) -> None:
-        self._make = make
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return self._make(spec.name)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
-
-
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, tree: Path, fakes: dict[str, Any]) -> None:
         self.tree = tree
@@ -103,10 +94,10 @@ class _Finder(importlib.abc.MetaPathFinder):
             return None
         parts = name.split(".")
         if name in self.fakes:
-            return importlib.machinery.ModuleSpec(name, _Made(self.fakes[name]), is_package=True)
+            return importlib.machinery.ModuleSpec(name, Made(self.fakes[name]), is_package=True)
         if name in REAL:
             return importlib.util.spec_from_file_location(name, self.tree.joinpath(*parts[:-1], parts[-1] + ".py"))
-        spec = importlib.machinery.ModuleSpec(name, _Made(InertModule), is_package=True)
+        spec = importlib.machinery.ModuleSpec(name, Made(InertModule), is_package=True)
         directory = self.tree.joinpath(*parts)
         spec.submodule_search_locations = [str(directory)] if directory.is_dir() else []
         return spec
