@@ -10,6 +10,7 @@ one table after the main one, also for selectors replayed in processes of their 
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -128,3 +129,38 @@ def test_no_agreement_table_when_nothing_ties(tmp_path: Path) -> None:
     Archive.create(path).write(plugins.plugin_case())
     res = run(str(path), "--selectors", "reference", "--selector", "tests.plugins:make_good")
     assert res.exit_code == 0 and "index sets:" not in res.output
+
+
+def test_the_csv_has_the_recall_determinism_tie_and_agreement_columns_of_the_json(tmp_path: Path) -> None:
+    path, out, table = tmp_path / "a.zarr", tmp_path / "r.json", tmp_path / "r.csv"
+    archive = Archive.create(path)
+    archive.write(plugins.tie_case())
+    archive.write(plugins.plugin_case("distinct"))  # distinct values: where the lossy plugin loses one
+    res = run(str(path), "--selectors", "reference", *SPECS, "--selector", "tests.plugins:make_lossy",
+              "--determinism", "2", "--json", str(out), "--csv", str(table))
+    assert res.exit_code == 0, res.output
+    cases = {c["case_id"]: c for c in json.loads(out.read_text())["cases"]}
+    lines = {r["selector"]: r for r in csv.DictReader(table.open()) if r["case_id"] == "ties"}
+    case = cases["ties"]
+    for name, r in ((r["selector"], r) for r in case["results"]):
+        line = lines[name]
+        assert line["tie_policy"] == (r["tie_policy"] or "")
+        assert (line["ties_rows_with_choice"], line["ties_max"]) == (str(case["ties"]["rows_with_choice"]),
+                                                                   str(case["ties"]["tied_max"]))
+        if r["determinism"] is not None:
+            d = r["determinism"]
+            assert line["deterministic"] == ("yes" if d["deterministic"] else "no")
+            assert (line["determinism_runs"], line["distinct_sets"]) == (str(d["runs"]), str(d["distinct_sets"]))
+            assert line["first_differing_row"] == ("" if d["first_row"] is None else str(d["first_row"]))
+    assert lines["lowest-first"]["deterministic"] == "yes" and lines["nondeterministic"]["deterministic"] == "no"
+    lossy = next(r for r in csv.DictReader(table.open()) if (r["case_id"], r["selector"]) == ("distinct", "lossy"))
+    damage = next(r["damage"] for r in cases["distinct"]["results"] if r["selector"] == "lossy")
+    assert lossy["status"] == "failed" and int(lossy["rows_affected"]) == damage["rows"]
+    assert float(lossy["recall_min"]) == pytest.approx(damage["recall_min"], abs=1e-4)
+    assert float(lossy["max_deficit"]) == pytest.approx(damage["max_deficit"], rel=1e-5)
+    assert lines["reference"]["recall_min"] == "" and lines["reference"]["deterministic"] == "yes"
+    pairs = {(a["a"], a["b"]): a["rows"] for a in case["agreement"]}
+    listed = dict(p.split("=") for p in lines["lowest-first"]["agreement"].split(";"))
+    assert {o: float(f) for o, f in listed.items()} == pytest.approx(
+        {b if a == "lowest-first" else a: f for (a, b), f in pairs.items() if "lowest-first" in (a, b)}, abs=1e-4)
+    assert float(lines["lowest-first"]["agreement_min"]) == pytest.approx(min(map(float, listed.values())), abs=1e-4)

@@ -413,7 +413,36 @@ def partial_line(result: ReplayResult) -> str:
 
 
 CSV_FIELDS = ("case_id", "cols", "rows", "top_k", "dtype", "source", "selector", "status", "median_us",
-              "p10_us", "p90_us", "cv", "samples", "ratio_to_baseline", "floor_us", "reason", "partial")
+              "p10_us", "p90_us", "cv", "samples", "ratio_to_baseline", "floor_us",
+              # beyond right values (docs/design.md): recall where the values are wrong, determinism with
+              # --determinism N, the case's ties at the k-th value, the selector's tie policy and agreement
+              "recall_min", "recall_mean", "rows_affected", "max_deficit",
+              "deterministic", "determinism_runs", "distinct_sets", "first_differing_row",
+              "ties_rows_with_choice", "ties_max", "tie_policy", "agreement_min", "agreement",
+              "reason", "partial")
+
+
+def _beyond_values(case: CaseResult, res: SelectorResult) -> dict[str, Any]:
+    """A CSV line's recall, determinism, tie and agreement cells (empty where the report has none): the
+    JSON's `damage`, `determinism`, `tie_policy` and the case's `ties` and `agreement`, the latter as the
+    least fraction and every pair with this selector, `other=fraction` separated by `;`."""
+    line: dict[str, Any] = {}
+    if res.damage is not None:
+        d = res.damage
+        line.update(recall_min=f"{d.recall_min:.4f}", recall_mean=f"{d.recall_mean:.4f}", rows_affected=d.rows,
+                    max_deficit=f"{d.max_deficit:.6g}")
+    if res.determinism is not None:
+        r = res.determinism
+        line.update(deterministic="yes" if r.deterministic else "no", determinism_runs=r.runs,
+                    distinct_sets=r.distinct_sets, first_differing_row="" if r.first_row is None else r.first_row)
+    if case.ties is not None:
+        line.update(ties_rows_with_choice=case.ties.rows_with_choice, ties_max=case.ties.tied_max)
+    line.update(tie_policy=res.tie_policy or "")
+    pairs = [(a.b if a.a == res.selector else a.a, a.rows) for a in case.agreement if res.selector in (a.a, a.b)]
+    if pairs:
+        line.update(agreement_min=f"{min(f for _, f in pairs):.4f}",
+                    agreement=";".join(f"{other}={f:.4f}" for other, f in pairs))
+    return line
 
 
 def write_csv(result: ReplayResult, path: Path) -> None:
@@ -437,7 +466,7 @@ def write_csv(result: ReplayResult, path: Path) -> None:
                 elif res is None:  # a partial report (an interrupted --isolate run) holds no result here
                     line.update(status="not run", reason="the run was stopped before this selector reached the case")
                 else:
-                    line.update(status=res.status, reason=res.reason or "")
+                    line.update(status=res.status, reason=res.reason or "", **_beyond_values(case, res))
                     if res.timing is not None:
                         t = res.timing
                         r = ratio(case, result.baseline or "", name) if result.baseline else None
