@@ -117,3 +117,33 @@ def test_cudnn_indexer_topk_verifies_on_the_shapes_its_build_branches_on() -> No
                             extra_checks=device_checks(DEVICE)).results
         seen.append((case.case_id, res.status, res.reason))
     assert all(status == "ok" for _, status, _ in seen), seen
+
+
+def _plateau(name: str, rows: int, cols: int, k: int, dtype: torch.dtype = torch.float32) -> Case:
+    """ReLU-like rows: a few hundred positive scores, the rest exact zeros, so the k-th value is 0 with
+    thousands tied at it and a selector's choice among them is visible."""
+    rng = np.random.default_rng(cols + k)
+    values = np.zeros((rows, cols), np.float32)
+    for r in range(rows):
+        values[r, rng.choice(cols, k // 3, replace=False)] = np.abs(rng.standard_normal(k // 3)) + 0.5
+    return Case.from_rows(name, torch.from_numpy(values.reshape(-1)).to(dtype), np.zeros(rows, np.int32),
+                          np.full(rows, cols, np.int32), top_k=k, cols=cols, attrs={"source": "test"})
+
+
+DETERMINISTIC_PEERS = ("flashinfer-ragged-det", "flashinfer-paged-det", "cudnn-indexer-topk-det")
+# cuDNN 1.32.0 states its deterministic policy: the lowest columns among the tied, ascending.
+STATED_LOWEST = ("cudnn-indexer-topk-det",)
+
+
+@pytest.mark.parametrize("name", DETERMINISTIC_PEERS)
+def test_deterministic_peers_repeat_their_output_on_tied_rows_under_reruns(name: str) -> None:
+    if not _staged(name):
+        pytest.skip(f"{name}: its package is not staged here")
+    for case in (_plateau("plateau-64x32768-k2048", 64, 32768, 2048),
+                 _plateau("plateau-bf16-8x65536-k512", 8, 65536, 512, torch.bfloat16)):
+        [res] = replay_case(case, [build(name)], DEVICE, QUICK, extra_checks=device_checks(DEVICE),
+                            determinism=5).results
+        assert res.status == "ok", (case.case_id, res.reason)
+        assert res.determinism is not None and res.determinism.deterministic, (case.case_id, str(res.determinism))
+        if name in STATED_LOWEST:
+            assert res.tie_policy == "lowest", (case.case_id, res.tie_policy)

@@ -28,6 +28,13 @@ seq_lens, top_k, next_n=1, return_val=False)`, which builds and caches the same 
 its outputs and workspace on every call. Here the plan, its workspace and the staging buffer are made
 once in `prepare`, with `return_val=False` as those callers pass, so the timed launch is `execute` and
 the copy into the view.
+
+`deterministic=True` (`cudnn-indexer-topk-det`): the docstring of 1.32.0's class states that the cutoff
+selection is then repeatable, that with `tie_break=0` the smaller source-column indices win among equal
+keys, and that a row's valid indices come back in ascending order (a bitmap pass up to 262,144 columns,
+a bitonic sort above it, `resolve_deterministic_ordering`); on SM120 it is refused above 16,384 float32 or
+32,768 16-bit columns (shared memory), nothing is said of SM90. That is the same stated policy as the
+bundled `-det` kernels, so the two are comparable as a measured cost of determinism.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ MAX_K = 2048
 MIN_MAJOR = 9
 INT32_MAX = (1 << 31) - 1
 BUFFER_ALIGN = 32  # bytes: launch_topk_kernel's row chunks keep the scratch this aligned
+# check_support's refusal of wide deterministic rows on SM120 (its 99 KiB of shared memory per block).
+SM120_DETERMINISTIC_MAX_COLS = {"float32": 16384, "float16": 32768, "bfloat16": 32768}
 # Compiled for the GPU it runs on (check_support: SM90+).
 CUDNN_132 = Release(Source((MODULE,), PACKAGE, "nvidia-cudnn-frontend", "cudnn-frontend IndexerTopK (CuTe DSL JIT)",
                            binary=None), "1.32.0", ("1.32.0", "1.33.0"))
@@ -111,6 +120,7 @@ class CudnnIndexerTopK(Upstream):
     from column 0, contiguous rows only."""
 
     declared = Declared("cudnn-indexer-topk", CUDNN_132, DTYPES, (1, MAX_K), ("decode",))
+    deterministic = False  # the class's `deterministic=` flag
 
     def find(self) -> Loaded | str:
         cutlass_on_path(os.path.abspath(self.path) if self.path is not None else None)
@@ -131,19 +141,23 @@ class CudnnIndexerTopK(Upstream):
             return f"top_k {case.top_k}: IndexerTopK takes 0 < k <= {MAX_K}"
         if case.rows == 0 or case.cols == 0:
             return "no rows or no columns: IndexerTopK's check_support rejects zero extents"
+        if self.deterministic and (major, minor) == (12, 0) and case.cols > SM120_DETERMINISTIC_MAX_COLS[case.dtype]:
+            return (f"{case.cols} columns: deterministic IndexerTopK on SM120 takes at most "
+                    f"{SM120_DETERMINISTIC_MAX_COLS[case.dtype]} {case.dtype} columns (check_support)")
         if case.row_stride != case.cols:  # a single row too: the class checks the strides as given
             return (f"row stride {case.row_stride} > {case.cols} columns: IndexerTopK takes contiguous rows only "
                     "(indexer_top_k_wrapper would copy the matrix first)")
         return starts_at_zero(case, "takes row lengths only (its row_start is 0)") or scratch_chunk_limit(case)
 
     def kernel_name(self, case: Case) -> str:
-        return (f"cudnn IndexerTopK.execute (CuTe DSL radix, next_n=1, return_val=False), "
+        mode = ", deterministic=True: lowest indices at the cutoff, ascending" if self.deterministic else ""
+        return (f"cudnn IndexerTopK.execute (CuTe DSL radix, next_n=1, return_val=False{mode}), "
                 f"radix scratch {scratch_bytes(case)} B")
 
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         api = importlib.import_module(MODULE)
-        plan = api.IndexerTopK(logits, row_ends, top_k, next_n=1, return_val=False)
+        plan = api.IndexerTopK(logits, row_ends, top_k, next_n=1, return_val=False, deterministic=self.deterministic)
         plan.check_support()
         plan.compile()  # the JIT build, outside the timed launch
         workspace = torch.empty(plan.scratch_workspace_bytes(), dtype=torch.uint8, device=logits.device)
@@ -154,4 +168,12 @@ class CudnnIndexerTopK(Upstream):
         return staged(kernel, out)
 
 
-__all__ = ["CUDNN_132", "CudnnIndexerTopK", "cutlass_on_path", "scratch_bytes", "scratch_chunk_limit"]
+class CudnnIndexerTopKDeterministic(CudnnIndexerTopK):
+    """The same call with `deterministic=True` (tie_break 0): the stated lowest-index tie policy and
+    ascending order, so what determinism costs is its time over `cudnn-indexer-topk`'s."""
+
+    declared = Declared("cudnn-indexer-topk-det", CUDNN_132, DTYPES, (1, MAX_K), ("decode",))
+    deterministic = True
+
+
+__all__ = ["CUDNN_132", "CudnnIndexerTopK", "CudnnIndexerTopKDeterministic", "cutlass_on_path", "scratch_bytes", "scratch_chunk_limit"]
