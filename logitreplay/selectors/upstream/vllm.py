@@ -1,4 +1,5 @@
-"""vLLM 0.33's own top-k kernels as selectors, called exactly as vLLM calls them.
+"""vLLM 0.33's own top-k kernels as selectors, called exactly as vLLM calls them (the prefill, per-row
+decode, persistent and DeepSelect adapters take 0.34's libraries too: see the releases below).
 
 Prefill: `vllm-native` (`torch.ops._C.top_k_per_row_prefill`, `sparse_attn_indexer.py`). Decode, the
 backends of `SparseIndexerTopk` (`model_executor/layers/indexer_topk.py`): `vllm-decode`
@@ -36,9 +37,17 @@ from logitreplay.selectors.upstream.loading import Source
 C_OPS = Source(("vllm._C_stable_libtorch", "vllm._C"), "vllm", "vllm", "vllm._C_stable_libtorch", "_C",
                "top_k_per_row_prefill")
 DEEPSELECT = Source(("vllm._deepselect_C",), "vllm", "vllm", "vllm._deepselect_C", "deep_select", "topk")
-# Read from 0.33.0; the op schemas are those of 0.22 (module layout aside) up to 0.33.
-VLLM_033 = Release(C_OPS, "0.33.0", ("0.22.0", "0.34.0"))
-DEEPSELECT_033 = Release(DEEPSELECT, "0.33.0", ("0.33.0", "0.34.0"))
+# Read from 0.33.0; the op schemas are those of 0.22 (module layout aside) up to 0.34. Checked against
+# 0.34.0 (its `_C_stable_libtorch.abi3.so` registers the four schemas unchanged, `indexer_topk.py` and
+# `sparse_attn_indexer.py` call the prefill, per-row decode and persistent ops as 0.33 does on SM 9.0:
+# float32, persistent's bfloat16 input is for the SM 10.x family only), so those three take 0.34 too.
+VLLM_033 = Release(C_OPS, "0.33.0", ("0.22.0", "0.35.0"))
+# 0.34 changed cooperative_topk's constraints (bfloat16 input, 16-byte row alignment, no SM 11.x) and so
+# the choice of `auto`: 0.33's cooperative and auto take up to 0.33 only; 0.34's are in vllm034.py.
+VLLM_033_COOPERATIVE = Release(C_OPS, "0.33.0", ("0.22.0", "0.34.0"))
+# 0.34.0 ships the very `_deepselect_C.abi3.so` of 0.33.0 (same sha256, 333f9b25...) and calls it through
+# an unchanged `deep_select_topk` and `is_deep_select_supported`.
+DEEPSELECT_033 = Release(DEEPSELECT, "0.33.0", ("0.33.0", "0.35.0"))
 FP32 = ("float32",)
 ANY_K = (1, None)
 
@@ -151,12 +160,17 @@ class VllmCooperative(VllmPersistent):
     """`cooperative_topk` (indexer_topk.py l.318): persistent's limits, plus at most 64 rows, a row stride
     that is a multiple of 4 elements (TMA), and SM 9.0 or newer but not the SM 12.x family."""
 
-    declared = Declared("vllm-cooperative", VLLM_033, FP32, (min(FAST_TOP_K), max(FAST_TOP_K)), ("decode", "padded"),
+    declared = Declared("vllm-cooperative", VLLM_033_COOPERATIVE, FP32, (min(FAST_TOP_K), max(FAST_TOP_K)), ("decode", "padded"),
                         FAST_TOP_K)
     op = "cooperative_topk"
 
+    @staticmethod
+    def constraints(case: Case, device: torch.device) -> str | None:
+        """Why vLLM would not pick it for this case beyond the top_k set (`auto` asks the same)."""
+        return cooperative_constraints(case, device)
+
     def limits(self, case: Case, device: torch.device) -> str | None:
-        return cooperative_constraints(case, device) or super().limits(case, device)
+        return self.constraints(case, device) or super().limits(case, device)
 
 
 def cooperative_constraints(case: Case, device: torch.device) -> str | None:
@@ -221,23 +235,26 @@ class VllmAuto(VllmKernel):
     """What vLLM 0.33 runs for each case: `top_k_per_row_prefill` for a prefill case; for a decode case
     `SparseIndexerTopk`'s `auto` resolution (`_resolve_auto`, l.236): cooperative when its constraints
     hold, else persistent for top_k 512/1024/2048, else per_row. The choice is made from the case each
-    time it is needed (supports, note, prepare), never remembered."""
+    time it is needed (supports, note, prepare), never remembered. A later release's `auto` names its own
+    `cooperative` adapter (whose `constraints` decide) and `version`."""
 
-    declared = Declared("vllm-auto", VLLM_033, FP32, ANY_K, ("decode", "starts", "padded"))
+    declared = Declared("vllm-auto", VLLM_033_COOPERATIVE, FP32, ANY_K, ("decode", "starts", "padded"))
+    version = "0.33"
+    cooperative: type[VllmCooperative] = VllmCooperative
 
     def __init__(self, library_path: str | None = None) -> None:
         super().__init__(library_path)
         self._backends: dict[str, VllmKernel] = {
-            cls.name: cls(library_path) for cls in (VllmPrefill, VllmCooperative, VllmPersistent, VllmDecode)}
+            cls.op: cls(library_path) for cls in (VllmPrefill, self.cooperative, VllmPersistent, VllmDecode)}
 
     def chosen(self, case: Case | None, device: torch.device) -> VllmKernel:
         if case is None or getattr(case, "kind", "prefill") != "decode":
-            return self._backends["vllm-native"]
+            return self._backends[VllmPrefill.op]
         if case.top_k in FAST_TOP_K and device.type == "cuda":
-            if cooperative_constraints(case, device) is None:
-                return self._backends["vllm-cooperative"]
-            return self._backends["vllm-persistent"]
-        return self._backends["vllm-decode"]
+            if self.cooperative.constraints(case, device) is None:
+                return self._backends[VllmCooperative.op]
+            return self._backends[VllmPersistent.op]
+        return self._backends[VllmDecode.op]
 
     def supports(self, case: Case, device: torch.device) -> str | None:
         why = super().supports(case, device)
@@ -248,12 +265,13 @@ class VllmAuto(VllmKernel):
         return None if why is None else f"vLLM runs {backend.op} here, which cannot: {why}"
 
     def kernel_name(self, case: Case) -> str:
-        return f"vLLM 0.33 chose {self.chosen(case, torch.device('cuda')).op}"
+        return f"vLLM {self.version} chose {self.chosen(case, torch.device('cuda')).op}"
 
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         return self.chosen(case, logits.device).prepare_case(case, logits, row_starts, row_ends, top_k, out)
 
 
-__all__ = ["C_OPS", "DEEPSELECT", "DecodeCall", "VllmAuto", "VllmCooperative", "VllmDecode", "VllmDeepSelect",
-           "VllmKernel", "VllmPersistent", "VllmPrefill", "decode_call"]
+__all__ = ["C_OPS", "DEEPSELECT", "DEEPSELECT_033", "VLLM_033", "VLLM_033_COOPERATIVE", "DecodeCall", "VllmAuto",
+           "VllmCooperative", "VllmDecode", "VllmDeepSelect", "VllmKernel", "VllmPersistent", "VllmPrefill",
+           "decode_call"]
