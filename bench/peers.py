@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 
 from logitreplay.selectors.upstream import catalog
+from logitreplay.selectors.upstream.base import note_version
 
 CLI = "import sys; from logitreplay.cli import main; sys.exit(main())"
 BUNDLED = ("native", "deepselect", "split", "auto")
-# Every declared adapter but vLLM's own kernels (bench/fidelity.py measures those), in name order.
-PEERS = tuple(n for n, e in catalog.adapters().items() if e.declared.release.source.dist != "vllm")
+# Every declared adapter, in name order; a run's columns are theirs (`columns`).
+PEERS = tuple(catalog.adapters())
 # `auto` dispatches by the rule fitted on the H200's replays (bench/decisions.py --fit). The 2026-12-03
 # rule was fitted on stress, indexer and indexer-decode too (their 2026-12-03 runs), so a new run of
 # those suites re-measures the rule on the cases it was fitted on (new timings, not new cases): a test
@@ -81,12 +82,25 @@ def replay(out: Path, name: str, source: list[str], selectors: str, extra: list[
     return shown
 
 
+def staged_folders(root: Path | None) -> list[str]:
+    """The folders under `root` that each hold one staged release (a `*.dist-info` in it), in name order."""
+    if root is None or not root.is_dir():
+        return []
+    return [str(p) for p in sorted(root.iterdir()) if p.is_dir() and any(p.glob("*.dist-info"))]
+
+
+def columns(root: Path | None) -> list[str]:
+    """The peers' columns: every declared adapter, once per release staged under `root` that it takes
+    (`NAME@FOLDER`), or once on the installed package when no release of its package is staged."""
+    return catalog.columns(staged_folders(root))
+
+
 def run(args: argparse.Namespace) -> None:
     from logitreplay.archive import Archive
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    selectors = ",".join((*BUNDLED, *PEERS))
+    selectors = ",".join((*BUNDLED, *columns(args.staged)))
     extra = ["--rule", AUTO_RULE]
     extra += (["--rounds", str(args.rounds)] if args.rounds else []) + \
         (["--warmup", str(args.warmup)] if args.warmup is not None else [])
@@ -110,16 +124,23 @@ def run(args: argparse.Namespace) -> None:
         path = out / f"{PREFIX}commands.json"
         known = json.loads(path.read_text()) if path.is_file() else {}
         path.write_text(json.dumps({**known, **commands}, indent=1))
-        (out / f"{PREFIX}versions.json").write_text(json.dumps(versions(), indent=1))
+        (out / f"{PREFIX}versions.json").write_text(json.dumps(versions(args.staged), indent=1))
 
 
-def versions() -> dict[str, str]:
-    """The date, and each peer's version as this process finds it (or why not): the package of every peer,
-    and the two its kernels are built with (cutlass, tvm_ffi)."""
+def versions(root: Path | None = None) -> dict[str, str]:
+    """The date, each peer's version as this process finds it (or why not): the installed package of every
+    peer without a staged release, and the two its kernels are built with (cutlass, tvm_ffi); and each
+    staged folder's releases."""
     import importlib
 
+    from logitreplay.selectors.registry import split_spec
+    from logitreplay.selectors.upstream.loading import folder_versions
+
     found = {"date": datetime.date.today().isoformat()}
-    tops = dict.fromkeys(catalog.adapters()[n].declared.release.source.top for n in PEERS)
+    bare = [n for n in columns(root) if split_spec(n)[1] is None]
+    tops = dict.fromkeys(catalog.adapters()[n].declared.release.source.top for n in bare)
+    for folder in staged_folders(root):
+        found[Path(folder).name] = ", ".join(f"{d} {v}" for d, v in folder_versions(folder).items())
     for module in (*tops, "cutlass", "tvm_ffi"):
         try:
             found[module] = str(getattr(importlib.import_module(module), "__version__", "?"))
@@ -142,12 +163,21 @@ def _short(case_id: str) -> str:
     return case_id if len(case_id) <= 44 else case_id[:41] + "..."
 
 
+def header(name: str, cases: list[dict[str, Any]]) -> str:
+    """A column's header: its name, and the version of the package it ran from as its verified results'
+    notes state it (Upstream.note), unless the name already says it (a staged folder's)."""
+    found = dict.fromkeys(v for c in cases for r in c["results"] if r["selector"] == name and r["status"] == "ok"
+                          for v in [note_version(r.get("reason") or "")] if v)
+    shown = [v for v in found if v not in name]
+    return f"{name} ({', '.join(shown)})" if shown else name
+
+
 def suite_table(data: dict[str, Any]) -> tuple[list[str], list[str], dict[str, set[str]]]:
     """A suite's table (cases x selectors, median us), its failures (selector, case, first failing row,
     detail) and the reasons each selector declined, from one replay report."""
     cases = data["cases"]
     names = list(dict.fromkeys(r["selector"] for c in cases for r in c["results"]))
-    lines = ["| case | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = ["| case | " + " | ".join(header(n, cases) for n in names) + " |", "|---" * (len(names) + 1) + "|"]
     fails: list[str] = []
     why: dict[str, set[str]] = {}
     for c in cases:
@@ -218,6 +248,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None, help="warmup calls (replay's --warmup)")
     ap.add_argument("--deadline", type=float, default=None, help="seconds for all suites; later ones are skipped")
     ap.add_argument("--scratch", default="/tmp", help="where the probe archive is written")
+    ap.add_argument("--staged", type=Path, default=None,
+                    help="a folder whose subfolders each hold one staged release of a peer's package "
+                         "(staging/README.md): each adapter that takes it gets a column on it")
     ap.add_argument("--no-run", action="store_true", help="only render the report from earlier JSON")
     args = ap.parse_args()
     if not args.no_run:

@@ -36,8 +36,12 @@ DECODE_TARGET = fidelity.DECODE_TARGET  # the same target bench/FIDELITY.md scor
 CLIFF_TARGET = 1.3
 BUNDLED_KERNELS = ("native", "deepselect", "split")
 # What a DSA decode step runs in production among the peers (the upstream DeepSelect build is a
-# kernel-development reference, not a serving path on this GPU).
+# kernel-development reference, not a serving path on this GPU); a column `NAME@FOLDER` is NAME's.
 PRODUCTION = tuple(p for p in peers.PEERS if p != "deepselect-upstream")
+
+
+def production(column: str) -> bool:
+    return column.partition("@")[0] in PRODUCTION
 FLOOD = re.compile(r"^(?P<base>.+)-f(?P<n>\d+)$")
 
 
@@ -52,7 +56,7 @@ def split_vs_production(report: dict[str, Any]) -> tuple[list[list[str]], list[s
     rows, misses = [], []
     for case in report["cases"]:
         t = timed(case)
-        rivals = {p: t[p] for p in PRODUCTION if p in t}
+        rivals = {p: us for p, us in t.items() if production(p)}
         if "split" not in t or not rivals:
             continue
         best = min(rivals, key=rivals.__getitem__)

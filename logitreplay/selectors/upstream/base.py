@@ -142,7 +142,7 @@ class Upstream:
     def note(self, case: Case) -> str:
         found = self.find()
         source = found.source if isinstance(found, Loaded) else "?"
-        version = (found.version or "version unknown") if isinstance(found, Loaded) else "?"
+        version = (found.version or VERSION_UNKNOWN) if isinstance(found, Loaded) else "?"
         return f"{self.kernel_name(case)} from {source} ({version}); staging copy {self.staging_bytes(case)} B"
 
     def prepare(self, logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
@@ -152,6 +152,17 @@ class Upstream:
     def prepare_case(self, case: Case | None, logits: torch.Tensor, row_starts: torch.Tensor,
                      row_ends: torch.Tensor, top_k: int, out: torch.Tensor) -> Launch:
         raise NotImplementedError
+
+
+VERSION_UNKNOWN = "version unknown"
+_NOTE_VERSION = re.compile(r" \(([^()]*)\); staging copy")
+
+
+def note_version(note: str) -> str | None:
+    """The version a note of `Upstream.note` states (what a report's verified result records as its
+    reason), or None: no such note, or a version that could not be told."""
+    found = _NOTE_VERSION.findall(note)
+    return found[-1] if found and found[-1] not in (VERSION_UNKNOWN, "?") else None
 
 
 # ------------------------------------------------------------------------------------ common limits
@@ -181,5 +192,5 @@ def staged(kernel: Callable[[torch.Tensor], None], out: torch.Tensor, align: int
     return launch
 
 
-__all__ = ["ROW_LAYOUTS", "Declared", "Release", "Upstream", "fp32_only", "library_label", "release_numbers", "staged",
-           "starts_at_zero"]
+__all__ = ["ROW_LAYOUTS", "Declared", "Release", "Upstream", "fp32_only", "library_label", "note_version",
+           "release_numbers", "staged", "starts_at_zero"]

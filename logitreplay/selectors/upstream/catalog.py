@@ -1,7 +1,12 @@
 """The one place production-kernel adapters are registered: every class of a module of this package that
 carries its own `declared` (base.py). The registry's names, the split into processes, bench/peers.py's
-list of peers and `logitreplay selectors` are all derived from what this returns, so adding an adapter
-is one module here (and its test), nothing else.
+columns (`columns`) and `logitreplay selectors` are all derived from what this returns, so adding an
+adapter is one module here (and its test), nothing else.
+
+Releases side by side: a folder holding one release of a package, as the staging scripts lay it out
+(the package and its `NAME-VERSION.dist-info`), is a source for every adapter of that package that takes
+its version (`NAME@FOLDER`, a column named after the folder); two releases of one package run in two
+processes (registry.needs_own_process).
 
 Importing the adapter modules imports torch and this package only: no upstream package is imported
 until an adapter is asked to find its kernel.
@@ -16,6 +21,7 @@ import pkgutil
 from dataclasses import dataclass
 
 from logitreplay.selectors.upstream.base import Declared, Upstream
+from logitreplay.selectors.upstream.loading import dist_key, folder_versions
 
 
 @dataclass(frozen=True)
@@ -54,4 +60,21 @@ def families() -> dict[str, str]:
     return {name: e.declared.family for name, e in adapters().items()}
 
 
-__all__ = ["Entry", "adapters", "factories", "families"]
+def columns(folders: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Every adapter's columns, in name order: `NAME@FOLDER` for each of `folders` holding a release of its
+    package that it takes (in the order given), and `NAME` alone (the installed package) for an adapter
+    none of whose package's releases is among them. A staged release an adapter was not read from gives it
+    no column: its refusal would be the only thing in it."""
+    held = {folder: folder_versions(folder) for folder in folders}
+    specs: list[str] = []
+    for name, entry in adapters().items():
+        release = entry.declared.release
+        key = dist_key(release.source.dist)
+        staged = [(folder, got[key]) for folder, got in held.items() if key in got]
+        if not staged:
+            specs.append(name)
+        specs += [f"{name}@{folder}" for folder, version in staged if release.refuses(version) is None]
+    return specs
+
+
+__all__ = ["Entry", "adapters", "columns", "factories", "families"]

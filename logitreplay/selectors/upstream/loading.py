@@ -119,8 +119,10 @@ def _import(source: Source, path: str | None) -> Loaded | str:
     top = source.top
     if path is not None:
         held = sys.modules.get(top)
-        if held is not None and not str(getattr(held, "__file__", "") or "").startswith(path):
-            return (f"this process already imported {top} from {getattr(held, '__file__', '?')}; another copy "
+        # a namespace package (a staged library folder without __init__.py) has a __path__, no __file__
+        origin = str(getattr(held, "__file__", None) or next(iter(getattr(held, "__path__", None) or []), "?"))
+        if held is not None and not origin.startswith(path):
+            return (f"this process already imported {top} from {origin}; another copy "
                     "cannot be loaded beside it (run it in a process of its own: --isolate)")
         if path not in sys.path:
             sys.path.insert(0, path)
@@ -194,14 +196,29 @@ def _version(source: Source, path: str | None, module: object) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             pass
     else:
-        stem = re.sub(r"[-_.]+", "_", source.dist).lower()
-        for info in sorted(glob.glob(os.path.join(path, "*.dist-info"))):
-            name, _, version = os.path.basename(info)[: -len(".dist-info")].rpartition("-")
-            if re.sub(r"[-_.]+", "_", name).lower() == stem:
-                return version
+        found = folder_versions(path).get(dist_key(source.dist))
+        if found is not None:
+            return found
     top = sys.modules.get(source.top)
     found = getattr(top, "__version__", None) or getattr(module, "__version__", None)
     return str(found) if found else None
+
+
+def dist_key(dist: str) -> str:
+    """A distribution's name as its `*.dist-info` folder spells it, in lower case ("sglang-kernel" and
+    "sglang_kernel" are one)."""
+    return re.sub(r"[-_.]+", "_", dist).lower()
+
+
+def folder_versions(path: str) -> dict[str, str]:
+    """The distributions a folder holds (`NAME-VERSION.dist-info` beside their packages, as pip's
+    `--target` and the staging scripts lay them out), by `dist_key`, with their versions."""
+    found: dict[str, str] = {}
+    for info in sorted(glob.glob(os.path.join(path, "*.dist-info"))):
+        name, _, version = os.path.basename(info)[: -len(".dist-info")].rpartition("-")
+        if name and version:
+            found[dist_key(name)] = version
+    return found
 
 
 def installed_version(source: Source) -> str | None:
@@ -281,4 +298,5 @@ def missing_arch(loaded: Loaded, label: str, capability: tuple[int, int]) -> str
     return f"no sm_{sm} code in {label} (it has {have})"
 
 
-__all__ = ["Loaded", "Source", "fatbin_archs", "find", "forget", "has_op", "installed_version", "missing_arch"]
+__all__ = ["Loaded", "Source", "dist_key", "fatbin_archs", "find", "folder_versions", "forget", "has_op",
+           "installed_version", "missing_arch"]

@@ -1,0 +1,173 @@
+"""bench/peers.py's columns and bench/PEERS.md's headers, derived from the declarations: every adapter once
+per staged release it takes (vLLM 0.33 and 0.34, FlashInfer 0.7.2.post1 and 0.7.4 side by side, each in a
+column named after its folder), on the installed package when none of its package's releases is staged;
+a release an adapter was not read from gives it no column; each header states the version its verified
+results ran from. A staged release folder is a namespace package beside its `*.dist-info`, found and
+versioned by the kit like any folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from logitreplay.selectors.upstream import catalog, loading
+from logitreplay.selectors.upstream.base import note_version
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "peers.py"
+RELEASES = {"vllm-0.33.0": "vllm-0.33.0", "vllm-0.34.0": "vllm-0.34.0",
+            "flashinfer-0.7.2.post1": "flashinfer_python-0.7.2.post1", "flashinfer-0.7.4": "flashinfer_python-0.7.4",
+            "sglang-kernel-0.4.6": "sglang_kernel-0.4.6"}
+
+
+@pytest.fixture(scope="module")
+def peers() -> ModuleType:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("peers", SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+
+@pytest.fixture
+def staged(tmp_path: Path) -> Path:
+    for folder, info in RELEASES.items():
+        (tmp_path / folder / f"{info}.dist-info").mkdir(parents=True)
+    (tmp_path / "notes").mkdir()  # no release in it: not a source
+    return tmp_path
+
+
+def _on(name: str, folder: str, root: Path) -> str:
+    return f"{name}@{root / folder}"
+
+
+def test_each_adapter_gets_a_column_per_staged_release_it_takes(peers: ModuleType, staged: Path) -> None:
+    cols = peers.columns(staged)
+    for name in ("vllm-native", "vllm-decode", "vllm-persistent", "vllm-deepselect"):  # 0.34 kept 0.33's ops
+        assert [c for c in cols if c.startswith(f"{name}@")] == [_on(name, "vllm-0.33.0", staged),
+                                                                  _on(name, "vllm-0.34.0", staged)]
+    for name in ("vllm-cooperative", "vllm-auto"):
+        assert [c for c in cols if c.startswith(f"{name}@")] == [_on(name, "vllm-0.33.0", staged)]
+    for name in ("vllm034-cooperative", "vllm034-auto"):
+        assert [c for c in cols if c.startswith(f"{name}@")] == [_on(name, "vllm-0.34.0", staged)]
+    for name in ("flashinfer", "flashinfer-ragged", "flashinfer-paged-cub", "flashinfer-topk"):
+        assert [c for c in cols if c.startswith(f"{name}@")] == [_on(name, "flashinfer-0.7.2.post1", staged),
+                                                                  _on(name, "flashinfer-0.7.4", staged)]
+    assert [c for c in cols if c.startswith("flashinfer-ragged-det")] == [
+        _on("flashinfer-ragged-det", "flashinfer-0.7.4", staged)]
+    assert _on("sgl-fast-topk", "sglang-kernel-0.4.6", staged) in cols
+    # packages with no staged release keep one column on what is installed
+    for name in ("sglang-ragged-v2", "cudnn-indexer-topk", "deepselect-upstream"):
+        assert name in cols
+    assert not {"vllm-native", "flashinfer-ragged", "sgl-fast-topk"} & set(cols)
+    assert not [c for c in cols if "notes" in c]
+
+
+def test_without_staged_releases_every_adapter_has_its_installed_column(peers: ModuleType, tmp_path: Path) -> None:
+    assert peers.columns(None) == list(catalog.adapters()) == list(peers.PEERS)
+    assert peers.columns(tmp_path / "absent") == list(catalog.adapters())
+
+
+def test_a_staged_release_no_adapter_was_read_from_gives_no_column(peers: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "vllm-0.36.0" / "vllm-0.36.0.dist-info").mkdir(parents=True)
+    cols = peers.columns(tmp_path)
+    assert not [c for c in cols if c.startswith("vllm")]  # each would only say it refuses 0.36.0
+    assert "flashinfer-ragged" in cols
+
+
+def test_versions_lists_what_each_staged_folder_holds(peers: ModuleType, staged: Path) -> None:
+    found = peers.versions(staged)
+    assert found["vllm-0.34.0"] == "vllm 0.34.0"
+    assert found["flashinfer-0.7.4"] == "flashinfer_python 0.7.4"
+    assert "vllm" not in found and "sgl_kernel" not in found  # every release of theirs is staged
+
+
+def _result(selector: str, us: float | None, reason: str | None, status: str = "ok") -> dict[str, Any]:
+    return {"selector": selector, "status": status, "reason": reason,
+            "timing": None if us is None else {"median_us": us}}
+
+
+def test_each_header_states_the_version_its_results_ran_from(peers: ModuleType, tmp_path: Path) -> None:
+    v33, v34 = "vllm-native@vllm-0.33.0", "vllm-native@vllm-0.34.0"
+    results = [
+        _result("split", 20.0, None),
+        _result(v33, 30.0, "top_k_per_row_prefill from /s/vllm-0.33.0 (0.33.0); staging copy 8 B"),
+        _result(v34, 29.0, "top_k_per_row_prefill from /s/vllm-0.34.0 (0.34.0); staging copy 8 B"),
+        _result("flashinfer-ragged", 25.0, "flashinfer.top_k_ragged_transform (radix), SGLang's call on shuffled "
+                                           "offsets from flashinfer (0.7.2.post1); staging copy 8 B"),
+        _result("sgl-fast-topk", 24.0, "torch.ops.sgl_kernel.fast_topk from sgl_kernel (0.4.6); staging copy 8 B"),
+        _result("vllm-deepselect@vllm-0.34.0", None, "no sm_90 code in vllm._deepselect_C (it has sm_100)",
+                "unsupported"),
+        _result("cudnn-indexer-topk", 40.0, "IndexerTopK from cudnn (version unknown); staging copy 8 B"),
+    ]
+    report = {"cases": [{"case_id": "decode-b8", "results": results}], "environment": {"gpu": "GPU X"}}
+    (tmp_path / f"{peers.PREFIX}decode.json").write_text(json.dumps(report))
+    (tmp_path / f"{peers.PREFIX}commands.json").write_text(json.dumps({"decode": "logitreplay replay --suite decode"}))
+    md = tmp_path / "PEERS.md"
+    peers.report(tmp_path, md, None)
+    head = next(line for line in md.read_text().splitlines() if line.startswith("| case |"))
+    assert head == ("| case | split | vllm-native@vllm-0.33.0 | vllm-native@vllm-0.34.0 | flashinfer-ragged (0.7.2.post1) "
+                    "| sgl-fast-topk (0.4.6) | vllm-deepselect@vllm-0.34.0 | cudnn-indexer-topk |")
+    assert "| decode-b8 | 20.0 | 30.0 | 29.0 | 25.0 | 24.0 | n/a | 40.0 |" in md.read_text()
+    assert "- `vllm-deepselect@vllm-0.34.0`: no sm_90 code" in md.read_text()
+    assert peers.suite_block(report).splitlines()[2] == head  # what `make claims` renders into bench/PEERS.md
+
+
+def test_a_note_states_its_version_and_nothing_else_is_read_as_one() -> None:
+    assert note_version("vLLM 0.34 chose cooperative_topk from /s/vllm-0.34.0 (0.34.0); staging copy 1 B") == "0.34.0"
+    assert note_version("topk into the view (aligned), else staged from vllm (0.33.0); staging copy at most 4 B") == \
+        "0.33.0"
+    assert note_version("x from y (version unknown); staging copy 1 B") is None
+    assert note_version("flashinfer.top_k (radix) from flashinfer; staging copy 1 B") is None  # an older report
+    assert note_version("chose native (float32 prefill, cols 16384: cols < 21753)") is None
+
+
+# ------------------------------------------------------------------ a staged folder as the kit loads it
+
+_LIBRARY = '''
+import torch
+
+_lib = torch.library.Library("lr_staged_probe", "DEF")
+_lib.define("probe(Tensor x) -> Tensor")
+'''
+
+
+@pytest.fixture
+def namespace_release(tmp_path: Path) -> Iterator[tuple[loading.Source, Path]]:
+    """A staged release laid out as the staging scripts lay vLLM's out: the package folder without an
+    `__init__.py` (a namespace package), its library module, and the release's `*.dist-info`."""
+    folder = tmp_path / "lrstaged-1.2.0"
+    (folder / "lrstaged").mkdir(parents=True)
+    (folder / "lrstaged" / "_lib.py").write_text(_LIBRARY)
+    (folder / "lrstaged-1.2.0.dist-info").mkdir()
+    source = loading.Source(("lrstaged._lib",), "lrstaged", "lrstaged", "lrstaged._lib", "lr_staged_probe", "probe")
+    loading.forget()
+    try:
+        yield source, folder
+    finally:
+        sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp_path))]
+        for name in [n for n in sys.modules if n.split(".")[0] == "lrstaged"]:
+            del sys.modules[name]
+        loading.forget()
+
+
+def test_a_staged_release_folder_loads_with_its_version_and_a_second_is_refused(
+        namespace_release: tuple[loading.Source, Path], tmp_path: Path) -> None:
+    source, folder = namespace_release
+    got = loading.find(source, str(folder))
+    assert isinstance(got, loading.Loaded) and got.version == "1.2.0" and got.source == str(folder)
+    other = tmp_path / "lrstaged-1.3.0"
+    (other / "lrstaged").mkdir(parents=True)
+    refused = loading.find(source, str(other))
+    assert refused == (f"this process already imported lrstaged from {folder / 'lrstaged'}; another copy cannot be "
+                       "loaded beside it (run it in a process of its own: --isolate)")
