@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# The vLLM-kernel fidelity work in one GPU run: find vLLM's libraries in /tmp/vllm, install the wheels,
+# The vLLM-kernel fidelity work in one GPU run: find vLLM's libraries, install the wheels,
 # build the kernels, run the vLLM and kernel GPU tests, then bench/fidelity.py for the suites named in $1
 # (default: seed-controls,stress; "own" for our cases, decode,decode-bf16 for the decode suites,
 # indexer,indexer-decode for the indexer suites: the prefill ones against vLLM's prefill kernel, the
 # decode ones against its decode kernels). $GPU_TESTS names the kernel tests (default: native's; none: no
 # kernel tests); TESTS=0 runs no tests and builds nothing ahead (the replays build what they use).
-# The libraries: /tmp/vllm/_C_stable_libtorch.abi3.so and /tmp/vllm/_deepselect_C.abi3.so, as the runs
-# just before left them (staging/stage_vllm.sh's parts, one run each: bash .vllm-parts/N/unpack.sh), or
-# else decompressed here from .vllm/*.xz where the tree has them. Without .whl in the tree, a run uses
+# The libraries: _C_stable_libtorch.abi3.so and _deepselect_C.abi3.so in $VLLM_STAGED/vllm (default
+# /tmp/staged/vllm-0.33.0, the release staging/stage_vllm.sh's parts unpack, one run each: bash
+# .vllm-parts/N/unpack.sh), as the runs just before left them, or else decompressed there from .vllm/*.xz
+# where the tree has them. Without .whl in the tree, a run uses
 # what an earlier run on the same host installed in /tmp/site.
 #   run 1, with .vllm-parts/1:         bash .vllm-parts/1/unpack.sh
 #   run 2, with .vllm-parts/2 and .whl: bash .vllm-parts/2/unpack.sh && GPU_TESTS=none bash bench/fidelity_gpu.sh indexer,indexer-decode
 set -uo pipefail
 out=${OUT:-out/fidelity}
-mkdir -p "$out" /tmp/vllm
-lib=/tmp/vllm/_C_stable_libtorch.abi3.so
-ds=/tmp/vllm/_deepselect_C.abi3.so
+libs=${VLLM_STAGED:-/tmp/staged/vllm-0.33.0}/vllm
+mkdir -p "$out" "$libs"
+lib=$libs/_C_stable_libtorch.abi3.so
+ds=$libs/_deepselect_C.abi3.so
 for f in "$lib" "$ds"; do
   [ -f "$f" ] && continue
   xz=.vllm/$(basename "$f").xz

@@ -5,7 +5,7 @@ set -uo pipefail
 out=${OUT:-out/fidelity}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-lib=/tmp/vllm/_C_stable_libtorch.abi3.so
+lib=${VLLM_STAGED:-/tmp/staged/vllm-0.33.0}/vllm/_C_stable_libtorch.abi3.so
 cuobjdump -arch sm_90 -res-usage "$lib" 2>/dev/null | grep -A1 -E "topKPerRow(Prefill|Decode)" | head -20 || echo "no cuobjdump"
 cuobjdump -res-usage "$(ls -t ~/.cache/logitreplay/kernels/native-sm_90a-*.so | head -1)" 2>/dev/null | grep -A1 native | head -4
 cli="import sys; from logitreplay.cli import main; sys.exit(main())"

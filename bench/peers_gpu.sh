@@ -10,6 +10,12 @@
 # Everything is written to $OUT as it is made (a run cut short keeps what it finished): the build and
 # test logs, JUnit files, and peers.py's JSON, commands, versions and PEERS.md. cuDNN's indexer top-k is
 # too large to travel with .peers: staging/stage_cudnn.sh's runs put it in /tmp/cudnn first, read here.
+# Releases side by side: every folder under $STAGED (default /tmp/staged) holding one release of an
+# adapter's package (the package beside its *.dist-info) gives each adapter that takes it a column of its
+# own (bench/peers.py --staged; catalog.columns): vLLM 0.33.0 and 0.34.0 as staging/stage_vllm.sh's runs
+# just before lay them out (/tmp/staged/vllm-VERSION), or another release of a peer laid out the same
+# way. .peers' packages are named (staging/name_releases.py) so that the installed release keeps its
+# column beside a staged one of the same package.
 # Exits 1 when any step failed (each is still tried), 3 when the set-up did.
 set -uo pipefail
 out=${OUT:-out/peers}
@@ -46,6 +52,9 @@ for item in ${PLAIN_TESTS:-}; do
 done
 if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
 . /tmp/peers/env.sh
+python3 staging/name_releases.py /tmp/peers/site > "$out/releases.log" 2>&1 || echo "naming .peers' releases failed"
+echo "installed: $(tr '\n' ';' < "$out/releases.log")"
+echo "staged under ${STAGED:-/tmp/staged}: $(ls "${STAGED:-/tmp/staged}" 2> /dev/null | tr '\n' ' ')"
 # cuDNN's indexer top-k, where the runs just before unpacked staging/stage_cudnn.sh's parts into /tmp/cudnn
 if [ -f /tmp/cudnn/env.sh ]; then . /tmp/cudnn/env.sh; else echo "cudnn: not unpacked in /tmp/cudnn (staging/stage_cudnn.sh)"; fi
 # upstream DeepSelect (deepselect-upstream), prebuilt for sm_90a, where the tree carries shared/gpu/deepselect
@@ -59,6 +68,7 @@ export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD
 if [ "${TESTS:-1}" != 0 ]; then tests peers tests/gpu/test_gpu_peers.py; fi
 [ "${SUITES:-}" = none ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit "$failed"; }
 python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \
+  --staged "${STAGED:-/tmp/staged}" \
   ${ROUNDS:+--rounds $ROUNDS} ${WARMUP:+--warmup $WARMUP} ${DEADLINE:+--deadline $DEADLINE} --md "$out/PEERS.md" \
   > "$out/peers.log" 2>&1 || failed=1
 grep -v "^\s*$" "$out/peers.log" | tail -40

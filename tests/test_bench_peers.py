@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,3 +172,15 @@ def test_a_staged_release_folder_loads_with_its_version_and_a_second_is_refused(
     refused = loading.find(source, str(other))
     assert refused == (f"this process already imported lrstaged from {folder / 'lrstaged'}; another copy cannot be "
                        "loaded beside it (run it in a process of its own: --isolate)")
+
+
+def test_an_installed_release_beside_a_staged_one_keeps_its_column(peers: ModuleType, staged: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.rmtree(staged / "flashinfer-0.7.2.post1")
+    installed = {"flashinfer-python": "0.7.2.post1", "vllm": "0.34.0"}
+    monkeypatch.setattr(catalog, "installed_version", lambda source: installed.get(source.dist))
+    cols = peers.columns(staged)
+    assert [c for c in cols if c.split("@")[0] == "flashinfer-ragged"] == [
+        "flashinfer-ragged", _on("flashinfer-ragged", "flashinfer-0.7.4", staged)]
+    assert "flashinfer-ragged-det" not in cols  # it takes 0.7.4 only: the staged one
+    assert "vllm-native" not in cols  # the installed 0.34.0 is staged already

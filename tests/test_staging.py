@@ -1,7 +1,8 @@
 """staging/parts.sh, which carries a file too large for one GPU run in parts (staging/stage_cudnn.sh,
 staging/stage_vllm.sh): the parts reassemble to the same bytes in any order, each from a tree holding only
 its own part; a run before the last keeps its part and says which are missing; a damaged part is refused;
-and stage_vllm.sh's unpack.sh puts the decompressed libraries where bench/fidelity_gpu.sh reads them."""
+and stage_vllm.sh's unpack.sh lays a release of vLLM's libraries out as a staged release, where
+bench/fidelity_gpu.sh reads them and bench/peers.py gives every adapter that takes it a column."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import lzma
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from logitreplay.selectors.upstream import catalog
 
 STAGING = Path(__file__).resolve().parents[1] / "staging"
 pytestmark = pytest.mark.skipif(any(shutil.which(t) is None for t in ("bash", "split", "sha256sum", "numfmt", "tar")),
@@ -81,7 +85,7 @@ def test_many_parts_keep_their_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("xz") is None or shutil.which("git") is None, reason="needs xz and git")
-def test_stage_vllm_puts_the_decompressed_libraries_where_fidelity_gpu_reads_them(tmp_path: Path) -> None:
+def test_stage_vllm_lays_out_a_staged_release_where_fidelity_and_the_peers_read_it(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "staging").mkdir(parents=True)
     for script in ("parts.sh", "stage_vllm.sh"):
@@ -91,23 +95,51 @@ def test_stage_vllm_puts_the_decompressed_libraries_where_fidelity_gpu_reads_the
     (repo / ".vllm").mkdir()
     for name, data in libs.items():
         (repo / ".vllm" / f"{name}.xz").write_bytes(lzma.compress(data, preset=0))
-    (repo / ".vllm" / "VERSION").write_text("vllm==0.33.0\n")
+    (repo / ".vllm" / "VERSION").write_text("vllm==0.34.0\n")
     staged = subprocess.run(["bash", "staging/stage_vllm.sh"], cwd=repo, capture_output=True, text=True,
-                            env={**os.environ, "PART_MIB": "2"})
+                            env={**os.environ, "PART_MIB": "2", "DEST": ".vllm-parts-0.34.0"})
     assert staged.returncode == 0, staged.stderr
-    assert sorted(p.name for p in (repo / ".vllm-parts").iterdir()) == ["1", "2", "MANIFEST.txt"]
-    assert "bash .vllm-parts/2/unpack.sh && GPU_TESTS=none bash bench/fidelity_gpu.sh" in (
-        repo / ".vllm-parts" / "MANIFEST.txt").read_text()
+    parts = repo / ".vllm-parts-0.34.0"
+    assert sorted(p.name for p in parts.iterdir()) == ["1", "2", "MANIFEST.txt"]
+    manifest = (parts / "MANIFEST.txt").read_text()
+    assert "bash .vllm-parts-0.34.0/2/unpack.sh && GPU_TESTS=none bash bench/fidelity_gpu.sh" in manifest
+    assert "/tmp/staged/vllm-0.34.0" in manifest
 
-    host = tmp_path / "tmp-vllm"
+    host = tmp_path / "staged" / "vllm-0.34.0"
     for n in (1, 2):  # two runs, each with its own part only
         tree = tmp_path / f"run{n}"
-        shutil.copytree(repo / ".vllm-parts" / str(n), tree / ".vllm-parts" / str(n))
+        shutil.copytree(parts / str(n), tree / ".vllm-parts" / str(n))
         got = sh(f".vllm-parts/{n}/unpack.sh", host, cwd=tree)
         assert got.returncode == 0, got.stderr
         assert ("missing: vllm.tar.part1" in got.stdout) == (n == 1)
-    assert sorted(p.name for p in host.iterdir()) == ["VERSION", *sorted(libs)]
+        assert not (host / "vllm-0.34.0.dist-info").exists() or n == 2  # a release only once it is whole
+    assert sorted(p.name for p in host.iterdir()) == ["VERSION", "vllm", "vllm-0.34.0.dist-info"]
+    assert sorted(p.name for p in (host / "vllm").iterdir()) == sorted(libs)  # no __init__.py: as vLLM lays them
     for name, data in libs.items():
-        assert (host / name).read_bytes() == data
+        assert (host / "vllm" / name).read_bytes() == data
+    assert "Version: 0.34.0" in (host / "vllm-0.34.0.dist-info" / "METADATA").read_text()
     again = sh(tree / ".vllm-parts" / "2" / "unpack.sh", host)
     assert again.returncode == 0 and "already unpacked" in again.stdout
+    columns = catalog.columns([str(host)])
+    assert f"vllm-native@{host}" in columns and f"vllm034-auto@{host}" in columns
+    assert f"vllm-auto@{host}" not in columns  # 0.33's choice, which 0.34 changed
+
+
+def test_name_releases_writes_the_metadata_a_trimmed_package_lacks(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "flashinfer").mkdir(parents=True)
+    (site / "flashinfer" / "__init__.py").write_text('__version__ = "0.7.2.post1"\n')
+    (site / "sgl_kernel").mkdir()
+    (site / "sgl_kernel" / "__init__.py").write_text('raise ImportError("built for another torch")\n')
+    script = STAGING / "name_releases.py"
+    env = {**os.environ, "PYTHONPATH": str(STAGING.parent)}
+    got = subprocess.run([sys.executable, str(script), str(site)], capture_output=True, text=True, env=env)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines() == ["flashinfer-python: 0.7.2.post1",
+                                       "sglang-kernel: not named (ImportError on import)"]
+    assert "Version: 0.7.2.post1" in (site / "flashinfer_python-0.7.2.post1.dist-info" / "METADATA").read_text()
+    again = subprocess.run([sys.executable, str(script), str(site)], capture_output=True, text=True, env=env)
+    assert "flashinfer-python: 0.7.2.post1 (named already)" in again.stdout
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "absent")], capture_output=True, text=True,
+                         env=env)
+    assert bad.returncode == 1 and bad.stderr.startswith("usage:")

@@ -21,7 +21,7 @@ import pkgutil
 from dataclasses import dataclass
 
 from logitreplay.selectors.upstream.base import Declared, Upstream
-from logitreplay.selectors.upstream.loading import dist_key, folder_versions
+from logitreplay.selectors.upstream.loading import dist_key, folder_versions, installed_version
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,21 @@ def families() -> dict[str, str]:
 
 
 def columns(folders: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """Every adapter's columns, in name order: `NAME@FOLDER` for each of `folders` holding a release of its
-    package that it takes (in the order given), and `NAME` alone (the installed package) for an adapter
-    none of whose package's releases is among them. A staged release an adapter was not read from gives it
-    no column: its refusal would be the only thing in it."""
+    """Every adapter's columns, in name order: `NAME` on the installed package, and `NAME@FOLDER` for each
+    of `folders` holding a release of its package that it takes (in the order given). Where a release of
+    its package is staged, the installed one gets a column only when its metadata names a version the
+    adapter takes that no folder holds; a release an adapter was not read from gives it no column (its
+    refusal would be all there is in it), but with nothing staged the installed package always has one
+    (which says what is missing)."""
     held = {folder: folder_versions(folder) for folder in folders}
     specs: list[str] = []
     for name, entry in adapters().items():
         release = entry.declared.release
         key = dist_key(release.source.dist)
         staged = [(folder, got[key]) for folder, got in held.items() if key in got]
-        if not staged:
+        installed = installed_version(release.source) if staged else None
+        if not staged or (installed is not None and release.refuses(installed) is None
+                          and installed not in {version for _, version in staged}):
             specs.append(name)
         specs += [f"{name}@{folder}" for folder, version in staged if release.refuses(version) is None]
     return specs
