@@ -184,3 +184,25 @@ def test_an_installed_release_beside_a_staged_one_keeps_its_column(peers: Module
         "flashinfer-ragged", _on("flashinfer-ragged", "flashinfer-0.7.4", staged)]
     assert "flashinfer-ragged-det" not in cols  # it takes 0.7.4 only: the staged one
     assert "vllm-native" not in cols  # the installed 0.34.0 is staged already
+
+
+def test_a_staged_release_built_for_another_torch_says_so_in_one_line(tmp_path: Path) -> None:
+    from logitreplay.selectors.upstream.sglang import SGL_KERNEL
+
+    folder = tmp_path / "sglang-kernel-0.4.10"
+    (folder / "sgl_kernel").mkdir(parents=True)
+    (folder / "sgl_kernel" / "__init__.py").write_text(
+        'raise OSError("common_ops.abi3.so: undefined symbol: _ZN3c1019NotImplementedErrorC1E")\n')
+    (folder / "sglang_kernel-0.4.10.dist-info").mkdir()
+    (folder / "sglang_kernel-0.4.10.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.10\nRequires-Dist: torch==2.99.1\n")
+    assert SGL_KERNEL.refuses("0.4.10") is None  # its ops are 0.4.6's: known, but built for another torch
+    loading.forget()
+    try:
+        got = loading.find(SGL_KERNEL.source, str(folder))
+    finally:
+        sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp_path))]
+        loading.forget()
+    running = __import__("torch").__version__.split("+")[0]
+    assert got == (f"sgl_kernel does not import: sglang-kernel 0.4.10 is built for torch 2.99.1, this is torch "
+                   f"{running} (OSError: common_ops.abi3.so: undefined symbol: _ZN3c1019NotImplementedErrorC1E)")

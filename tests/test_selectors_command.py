@@ -49,13 +49,13 @@ def test_a_missing_package_says_what_to_install_and_a_foreign_version_is_refused
     row = next(r for r in listing.listing() if r.name == "sgl-fast-topk")
     assert (row.status, row.why) == ("not installed", "pip install sglang-kernel==0.4.6")
     monkeypatch.setattr(listing.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(listing, "installed_version", lambda source: "0.4.10")
+    monkeypatch.setattr(listing, "installed_version", lambda source: "0.4.11")
     row = next(r for r in listing.listing() if r.name == "sgl-fast-topk")
-    assert row.status == "refused" and row.version == "0.4.10"
-    assert row.why == ("sglang-kernel 0.4.10 is not a version this adapter knows: it was read from 0.4.6 and "
-                       "takes 0.4.6 <= version < 0.4.7")
+    assert row.status == "refused" and row.version == "0.4.11"
+    assert row.why == ("sglang-kernel 0.4.11 is not a version this adapter knows: it was read from 0.4.6 and "
+                       "takes 0.4.6 <= version < 0.4.11")
     code, out = _run()
-    assert code == 0 and "refused" in out and "sglang-kernel 0.4.10 is not a version" in " ".join(out.split())
+    assert code == 0 and "refused" in out and "sglang-kernel 0.4.11 is not a version" in " ".join(out.split())
 
 
 def test_the_catalog_is_the_registrys_source_of_adapters() -> None:

@@ -27,6 +27,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import pathlib
 import re
 import struct
 import sys
@@ -139,7 +140,8 @@ def _import(source: Source, path: str | None) -> Loaded | str:
                 continue  # a layout this release does not have: the probe op decides
             mod = importlib.import_module(module)
         except Exception as e:  # a broken install, or a build against another torch (undefined symbols)
-            problems.append(f"{module} does not import ({type(e).__name__}: {one_line(e, 160)})")
+            problems.append(f"{module} does not import{_built_for(source, path)} "
+                            f"({type(e).__name__}: {one_line(e, 160)})")
             continue
         if source.namespace is not None and source.probe_op is not None and \
                 not has_op(source.namespace, source.probe_op):
@@ -204,21 +206,55 @@ def _version(source: Source, path: str | None, module: object) -> str | None:
     return str(found) if found else None
 
 
+def _torch_pin(source: Source, path: str | None) -> tuple[str, str] | None:
+    """The release's version and the torch it requires exactly (`Requires-Dist: torch==X` in its metadata,
+    installed or in the folder `path`), or None when it names none."""
+    try:
+        if path is None:
+            meta = importlib.metadata.metadata(source.dist)
+        else:
+            info = _dist_infos(path).get(dist_key(source.dist))
+            if info is None:
+                return None
+            meta = importlib.metadata.PathDistribution(pathlib.Path(info[1])).metadata
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        return None
+    pins = [m.group(1) for r in (meta.get_all("Requires-Dist") or [])
+            for m in [re.fullmatch(r"torch\s*==\s*([0-9][^;\s]*)\s*", r)] if m]
+    version = meta.get("Version")
+    return (str(version), pins[0]) if pins and version else None
+
+
+def _built_for(source: Source, path: str | None) -> str:
+    """Why a release built for another torch fails to import, when its metadata says so ("" otherwise):
+    its library then imports symbols this torch does not export."""
+    pin = _torch_pin(source, path)
+    running = torch.__version__.split("+")[0]
+    if pin is None or pin[1] == running:
+        return ""
+    return f": {source.dist} {pin[0]} is built for torch {pin[1]}, this is torch {running}"
+
+
 def dist_key(dist: str) -> str:
     """A distribution's name as its `*.dist-info` folder spells it, in lower case ("sglang-kernel" and
     "sglang_kernel" are one)."""
     return re.sub(r"[-_.]+", "_", dist).lower()
 
 
-def folder_versions(path: str) -> dict[str, str]:
-    """The distributions a folder holds (`NAME-VERSION.dist-info` beside their packages, as pip's
-    `--target` and the staging scripts lay them out), by `dist_key`, with their versions."""
-    found: dict[str, str] = {}
+def _dist_infos(path: str) -> dict[str, tuple[str, str]]:
+    """`dist_key` -> (version, the `*.dist-info` folder) of each distribution a folder holds."""
+    found: dict[str, tuple[str, str]] = {}
     for info in sorted(glob.glob(os.path.join(path, "*.dist-info"))):
         name, _, version = os.path.basename(info)[: -len(".dist-info")].rpartition("-")
         if name and version:
-            found[dist_key(name)] = version
+            found[dist_key(name)] = (version, info)
     return found
+
+
+def folder_versions(path: str) -> dict[str, str]:
+    """The distributions a folder holds (`NAME-VERSION.dist-info` beside their packages, as pip's
+    `--target` and the staging scripts lay them out), by `dist_key`, with their versions."""
+    return {key: version for key, (version, _) in _dist_infos(path).items()}
 
 
 def installed_version(source: Source) -> str | None:

@@ -44,9 +44,13 @@ SGL_K = 2048  # fast_topk_v2 and the fused transforms assert topk == 2048
 SGLANG_V2 = Release(Source((V2_MODULE,), "sglang", "sglang", "sglang top-k v2 (JIT)", binary=None), "0.5.23",
                     ("0.5.23", "0.5.24"))
 # sgl-kernel: `import sgl_kernel`, or a folder holding the package, or the library file itself
-# (`common_ops.abi3.so`, beside the package in the staged layout).
+# (`common_ops.abi3.so`, beside the package in the staged layout). Read from 0.4.6, the newest release
+# built for torch 2.11 (the GPU host's); checked against 0.4.6.post1 to 0.4.10 (the newest): their
+# sm90/common_ops.abi3.so registers the three schemas unchanged and `sgl_kernel/top_k.py` calls them
+# with the same k == 2048 assertions and outputs. Those are built for torch 2.13.0 (0.4.6.post1 to 0.4.8)
+# and 2.14.1 (0.4.9, 0.4.10), whose symbols torch 2.11 lacks: there they do not import, and say why.
 SGL_KERNEL = Release(Source(("sgl_kernel",), "sglang-kernel==0.4.6", "sglang-kernel", "sgl_kernel common_ops",
-                            "sgl_kernel", "fast_topk", "common_ops.abi3.so"), "0.4.6", ("0.4.6", "0.4.7"))
+                            "sgl_kernel", "fast_topk", "common_ops.abi3.so"), "0.4.6", ("0.4.6", "0.4.11"))
 V2_LAYOUTS = ("decode", "starts", "padded")  # padded: a row stride that is a multiple of 4
 
 
