@@ -221,7 +221,7 @@ def _torch_pin(source: Source, path: str | None) -> tuple[str, str] | None:
         return None
     pins = [m.group(1) for r in (meta.get_all("Requires-Dist") or [])
             for m in [re.fullmatch(r"torch\s*==\s*([0-9][^;\s]*)\s*", r)] if m]
-    version = meta.get("Version")
+    version = (meta.get_all("Version") or [None])[0]
     return (str(version), pins[0]) if pins and version else None
 
 
