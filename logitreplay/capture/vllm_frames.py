@@ -27,9 +27,9 @@ the same objects. The frames are linked through torch's dispatcher (`torch.ops.v
 calls back into Python on the same thread). Where no owner is found (a compiled caller), the layer is
 named after its key cache and the case says so.
 
-DeepSeek V4.1's candidate paths of vLLM 0.33 (`selection_call`: `sparse_topk_remap`,
-`select_candidate_blocks`) still read their callers' locals; they are not covered by the real-package
-tests.
+DeepSeek V4.1's candidate paths (`selection_call`: `sparse_topk_remap` under `SparseMQAIndexer.forward`,
+`select_candidate_blocks` under the indexer op's prefill loop) read their callers' locals, which vLLM 0.33
+and 0.34 name alike (tests/test_capture_vllm_sparse_logits.py, tests/test_capture_vllm_real.py).
 
 Every function here only reads Python objects, host ints and tensor metadata: no device data, no sync.
 """

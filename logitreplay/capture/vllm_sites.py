@@ -31,6 +31,8 @@ DECODE_FORWARD = "forward"  # of SparseIndexerTopk
 DEEP_SELECT = "deep_select_topk"
 FUSED_TOPK = "fused_mqa_topk_prefill"
 FUSED_MODULE = "vllm.model_executor.kernels.attention.dsa.fused_mqa_topk"
+SPARSE_REMAP = "sparse_topk_remap"  # DeepSeek V4.1's top-k over sparse logits, DeepSelect's caller
+SPARSE_DECODE = "sparse_mqa_logits_paged_decode"
 INDEXER_MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
 
 
@@ -113,6 +115,17 @@ def _read_deep_select(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
                                   "sparse_block_kv + o scores sparse block sparse_indices[row, j]"}
     return Call(logits, torch.zeros_like(ends), ends, result[:rows, :top_k], top_k, int(logits.stride(0)),
                 selection.layer, selection.num_reqs, ks if ks is not None and ks.shape[0] == rows else None, attrs)
+
+
+def _deep_select_path(frame: FrameType | None) -> tuple[str, str | None]:
+    """DeepSeek V4.1's top-k over sparse logits (`sparse_topk_remap`) is counted as its own path,
+    `sparse_logits`; its decode rows are not captured. Every other DeepSelect call is `deepselect`."""
+    if frame is None or frame.f_code.co_name != SPARSE_REMAP:
+        return "deepselect", None
+    if find_frame(frame, function=SPARSE_DECODE, depth=4) is not None:
+        return "sparse_logits", (f"the sparse-logits decode rows ({SPARSE_DECODE}) are not captured: only "
+                                 "prefill chunks' sparse logits are")
+    return "sparse_logits", None
 
 
 def _context() -> tuple[Release | None, int]:
@@ -216,7 +229,8 @@ def _binders(names: Callable[[Release], tuple[str, ...]]) -> list[Any]:
 
 SITES: tuple[Site, ...] = (
     Site(OP_NAME, _prefill_targets, _read_prefill, f"input of vLLM {OP_NAME}"),
-    Site(DEEP_SELECT, _deep_select_targets, _read_deep_select, f"input of vLLM {DEEP_SELECT}", "deepselect"),
+    Site(DEEP_SELECT, _deep_select_targets, _read_deep_select, f"input of vLLM {DEEP_SELECT}", "deepselect",
+         paths=_deep_select_path),
     Site(DECODE_FORWARD, _decode_targets, _read_decode, "input of vLLM SparseIndexerTopk.forward (decode)",
          "decode"),
     Site(DECODE_OP, _prefill_targets, _read_decode_op, f"input of vLLM {DECODE_OP} (decode)", "decode"),

@@ -4,7 +4,8 @@ cases and summary it wrote, and the check of a case against the logits recompute
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,12 @@ def tree(request: pytest.FixtureRequest) -> Path:
 
 
 @contextmanager
-def plugin(tree: Path, tmp_path: Path, edges: Edges, policy: str = "every", **options: Any) -> Iterator[VllmCapture]:
-    """The released vLLM of `tree` loaded with `edges`, and the plugin installed as `register` does."""
-    with loader.load(tree, {**fakes(edges), **RUNNERS}) as vllm:
+def plugin(tree: Path, tmp_path: Path, edges: Edges, policy: str = "every", *,
+           modules: dict[str, Callable[[str], types.ModuleType]] | None = None,
+           **options: Any) -> Iterator[VllmCapture]:
+    """The released vLLM of `tree` loaded with `edges` (`modules`: the fakes, default `fakes(edges)`), and
+    the plugin installed as `register` does."""
+    with loader.load(tree, {**(fakes(edges) if modules is None else modules), **RUNNERS}) as vllm:
         capture = VllmCapture(tmp_path / "cap.zarr", Policy.parse(policy), **options)
         capture.release = release(vllm.__version__)
         assert capture.release is not None

@@ -257,6 +257,25 @@ class _Platform:
         raise AttributeError(name)
 
 
+class CudaPlatform(_Platform):
+    """A CUDA platform of the device `family` (90: Hopper, 100: Blackwell), for code that runs on CUDA
+    tensors or builds only on CUDA."""
+
+    dispatch_key = "CUDA"
+
+    def __init__(self, family: int = 90) -> None:
+        self.family = family
+
+    def is_cuda(self) -> bool:
+        return True
+
+    def is_device_capability_family(self, family: int) -> bool:
+        return family == self.family
+
+    def has_device_capability(self, capability: int) -> bool:
+        return self.family >= capability
+
+
 def _module(name: str, names: dict[str, Any], inert: bool = False) -> types.ModuleType:
     module = InertModule(name) if inert else types.ModuleType(name)
     module.__dict__.update(names)

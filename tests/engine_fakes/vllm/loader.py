@@ -2,8 +2,9 @@
 
 `load(tree)` puts an import hook in front of `sys.meta_path` that answers every `vllm.*` import:
 - a name in `REAL` is executed from the released file, unchanged: `sparse_attn_indexer` (the indexer op
-  and its prefill chunk loop), `indexer_topk` (`deep_select_topk`, `SparseIndexerTopk`) and the MLA
-  indexer backend (the metadata dataclasses and `dense_logits_rows`);
+  and its prefill chunk loop), `indexer_topk` (`deep_select_topk`, `SparseIndexerTopk`), the MLA
+  indexer backend (the metadata dataclasses and `dense_logits_rows`), and DeepSeek V4.1's sparse-logits
+  layer (`SparseMQAIndexer`), its kernels' Python (`sparse_mqa_logits`) and its backend's metadata;
 - a name in `FAKES` is a module built by `edges.py`: the kernels (logits, K gather, top-k ops,
   DeepSelect, the fused MQA top-k), the forward context, the platform, the switches (`envs`), the
   collectives and the few helpers the real code calls on the tested path;
@@ -32,6 +33,9 @@ REAL = frozenset({
     "vllm.model_executor.layers.sparse_attn_indexer",
     "vllm.model_executor.layers.indexer_topk",
     "vllm.v1.attention.backends.mla.indexer",
+    "vllm.model_executor.layers.sparse_mqa_indexer",
+    "vllm.model_executor.kernels.attention.dsa.sparse_mqa_logits",
+    "vllm.v1.attention.backends.mla.sparse_indexer",
 })
 
 
