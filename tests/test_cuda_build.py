@@ -212,3 +212,22 @@ def test_the_work_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch,
         assert int(work["workspace_bytes"](64, 100, 8, 0)) == abi.STATUS_BYTES + 64 * abi.WORK_BYTES
     finally:
         abi.entry_points.cache_clear()
+
+
+@needs_nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["native", "split"])
+def test_the_deterministic_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         family: str) -> None:
+    """The `-det` selectors' build (DET_FLAGS) compiles, is cached apart from the default one under a name
+    that says so, and states its own top_k bound (split sorts a row's indices in its key cache)."""
+    monkeypatch.setenv("LOGITREPLAY_CACHE", str(tmp_path))
+    abi.entry_points.cache_clear()
+    try:
+        plain = build.build(family, "sm_90a")
+        det = build.build(family, "sm_90a", build.DET_FLAGS)
+        assert plain != det and det.name.startswith(f"{family}-det-sm_90a-")
+        bound = int(abi.entry_points(family, "sm_90a", build.DET_FLAGS)["max_top_k"](abi.LR_F32))
+        assert bound == {"native": 16384, "split": 96 * 1024 // 4}[family]
+    finally:
+        abi.entry_points.cache_clear()

@@ -1,10 +1,16 @@
-"""The built-in `native`, `deepselect` and `split` selectors: one name, the right implementation per device.
+"""The built-in `native`, `deepselect` and `split` selectors and their deterministic modes (`native-det`, ...):
+one name, the right implementation per device.
 
 On CPU they run the algorithm models of `cpu_models.py` (so replay works on any machine and reports the
 work each algorithm does); on CUDA they delegate to the bundled kernels of `selectors/cuda/`. The kernel
 module is imported, and its kernels built, only when a CUDA device is first asked for, so that a machine
 without nvcc or a GPU never pays for it; when that fails, `supports` says why instead of raising, and
 the other selectors still run.
+
+A `-det` name is the same algorithm in its deterministic mode (docs/selectors.md): among the candidates
+tied at a row's k-th value the lowest indices are taken, so the index set equals a stable sort's, and
+the output is in ascending index order, the same run after run. On CUDA that is the kernel's build with
+`-DLR_DETERMINISTIC`; on CPU the model's selection put into that form (`cpu_models.lowest_index_first`).
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ Model = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], tuple[torch.Te
 class Dispatched:
     """A selector whose implementation depends on the device: a CPU model or a CUDA kernel class."""
 
-    def __init__(self, name: str, model: Model, cuda_class: str) -> None:
+    def __init__(self, name: str, model: Model, cuda_class: str, deterministic: bool = False) -> None:
         self.name = name
         self._model = model
         self._cuda_class = cuda_class
+        self._deterministic = deterministic
         self._cuda: Selector | None = None
         self._cuda_error: str | None = None
 
@@ -36,7 +43,7 @@ class Dispatched:
             try:
                 from logitreplay.selectors.cuda import kernels
 
-                self._cuda = getattr(kernels, self._cuda_class)()
+                self._cuda = getattr(kernels, self._cuda_class)(deterministic=self._deterministic)
             except Exception as e:  # a missing nvcc, a failed build, an unsupported architecture, ...
                 self._cuda_error = f"CUDA kernel unavailable ({type(e).__name__}: {one_line(e, None)})"
         return self._cuda
@@ -56,10 +63,12 @@ class Dispatched:
             if kernel is None:
                 raise RuntimeError(self._cuda_error)
             return kernel.prepare(logits, row_starts, row_ends, top_k, out)
-        model = self._model
+        model, deterministic = self._model, self._deterministic
 
         def launch() -> None:
             indices, _ = model(logits, row_starts, row_ends, top_k)
+            if deterministic:
+                indices = cpu_models.lowest_index_first(logits, row_starts, row_ends, indices)
             out.copy_(indices)
 
         return launch
@@ -78,3 +87,18 @@ def split() -> Dispatched:
 def deepselect() -> Dispatched:
     """DeepSelect's rising-threshold single pass: CPU model or bundled CUDA kernel."""
     return Dispatched("deepselect", cpu_models.deepselect_topk, "DeepSelectCuda")
+
+
+def native_det() -> Dispatched:
+    """`native` in its deterministic mode: lowest indices among the ties, ascending index order."""
+    return Dispatched("native-det", cpu_models.native_topk, "NativeCuda", deterministic=True)
+
+
+def split_det() -> Dispatched:
+    """`split` in its deterministic mode: lowest indices among the ties, ascending index order."""
+    return Dispatched("split-det", cpu_models.split_topk, "SplitCuda", deterministic=True)
+
+
+def deepselect_det() -> Dispatched:
+    """`deepselect` in its deterministic mode: lowest indices among the ties, ascending index order."""
+    return Dispatched("deepselect-det", cpu_models.deepselect_topk, "DeepSelectCuda", deterministic=True)

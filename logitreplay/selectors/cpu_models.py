@@ -525,6 +525,36 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
     return out, compactions, appended, first.to(torch.int64), selecting & ((count > cap) | (count < need))
 
 
+def lowest_index_first(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                       selected: torch.Tensor) -> torch.Tensor:
+    """The output of a `-det` selector from a selection `selected` (int32 (rows, k)) whose values are right,
+    as the kernels' deterministic apply makes it (common.cuh, `det_*`): per row every element above the
+    selection's k-th value, then as many of the elements tied at that value as the selection took, the
+    lowest indices first (the index set of a stable sort), all in ascending index order, -1 after them.
+    -0.0 and +0.0 tie (the kernels add +0.0 to every value before keying it, in that mode only)."""
+    rows, cols = logits.shape
+    top_k = selected.shape[1]
+    out = torch.full((rows, top_k), -1, dtype=torch.int32)
+    for r0, r1 in _chunks(rows, cols):
+        starts, ends = row_starts[r0:r1].to(torch.int64), row_ends[r0:r1].to(torch.int64)
+        width = min(cols, max(1, int(ends.max()) if r1 > r0 else 1))
+        valid = _valid_mask(starts, ends, width)
+        key = torch.where(valid, f32_key(logits[r0:r1, :width].float() + 0.0).to(torch.int64), _NO_KEY - 1)
+        sel = selected[r0:r1].to(torch.int64)
+        took = sel >= 0
+        picked = key.gather(1, torch.where(took, starts.unsqueeze(1) + sel, 0).clamp(0, width - 1))
+        kth = torch.where(took, picked, 2**32).min(1).values  # no selection: nothing is above it
+        above = valid & (key > kth.unsqueeze(1))
+        tied = valid & (key == kth.unsqueeze(1))
+        ties = took.sum(1) - above.sum(1)
+        chosen = above | (tied & (tied.cumsum(1) <= ties.unsqueeze(1)))
+        col = torch.arange(width, dtype=torch.int64).unsqueeze(0)
+        first = torch.where(chosen, col, width).sort(dim=1).values[:, :top_k]
+        n = first.shape[1]
+        out[r0:r1, :n] = torch.where(first < width, first - starts.unsqueeze(1), -1).to(torch.int32)
+    return out
+
+
 def case_work(case: Case) -> dict[str, float]:
     """The models' work counters on one case, summarised over its rows (what `inspect --work` shows):
     native's histogram passes (mean, max) and finishing-sort size, DeepSelect's compactions (mean, max)

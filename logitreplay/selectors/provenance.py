@@ -59,10 +59,11 @@ def tree_digests(base: Path = PACKAGE) -> dict[str, set[str]]:
 
 
 def bundled_in(selectors: list[str]) -> list[str]:
-    """The bundled kernels a run of these selectors ran (all of them where `auto` dispatched)."""
+    """The bundled kernels a run of these selectors ran (all of them where `auto` dispatched; a `-det`
+    mode is its kernel's sources too)."""
     if any(s in DISPATCHERS for s in selectors):
         return list(BUNDLED)
-    return [s for s in BUNDLED if s in selectors]
+    return [s for s in BUNDLED if s in selectors or f"{s}-det" in selectors]
 
 
 def peer_version(spec: str) -> str | None:

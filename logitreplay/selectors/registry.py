@@ -29,6 +29,10 @@ BUILTINS: dict[str, str] = {
     "native": "logitreplay.selectors.bundled:native",
     "deepselect": "logitreplay.selectors.bundled:deepselect",
     "split": "logitreplay.selectors.bundled:split",
+    # the same kernels in their deterministic mode (lowest indices among ties, ascending index order)
+    "native-det": "logitreplay.selectors.bundled:native_det",
+    "deepselect-det": "logitreplay.selectors.bundled:deepselect_det",
+    "split-det": "logitreplay.selectors.bundled:split_det",
     "auto": "logitreplay.selectors.auto:from_environment",  # dispatches by a measured rule (--rule)
 }
 

@@ -11,7 +11,8 @@ from logitreplay.replay.verify import Failure, OutputBuffer, Prepared, check_out
 from logitreplay.selectors.base import Selector
 
 
-def verify_kernel(sel: Selector, case: Case, poison: float = 1e30) -> list[Failure]:
+def launched(sel: Selector, case: Case, poison: float = 1e30) -> Prepared:
+    """The selector prepared on the case's padded, poisoned logits on the GPU, launched once (synchronized)."""
     device = torch.device("cuda")
     assert sel.supports(case, device) is None
     logits = case.padded(poison=poison, device=device)
@@ -21,5 +22,11 @@ def verify_kernel(sel: Selector, case: Case, poison: float = 1e30) -> list[Failu
     launch = sel.prepare(logits, starts, ends, case.top_k, out.view)
     launch()
     torch.cuda.synchronize()
-    failures = check_output(case, logits, starts, ends, out, expected_values(logits, starts, ends, case.top_k))
-    return failures or graph_replay_check(Prepared(case, sel, launch, out, logits, starts, ends))
+    return Prepared(case, sel, launch, out, logits, starts, ends)
+
+
+def verify_kernel(sel: Selector, case: Case, poison: float = 1e30) -> list[Failure]:
+    p = launched(sel, case, poison)
+    failures = check_output(case, p.logits, p.row_starts, p.row_ends, p.output,
+                            expected_values(p.logits, p.row_starts, p.row_ends, case.top_k))
+    return failures or graph_replay_check(p)

@@ -38,6 +38,11 @@ FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
 # The work build: the kernels also keep topk_api.h's per-row work record (for the GPU tests, which
 # compare it with the CPU models); a library of its own, so the default build has none of its code.
 WORK_FLAGS: tuple[str, ...] = ("-DLR_WORK_RECORD",)
+# The deterministic build (the `-det` selectors): lowest indices among the ties at the k-th value, output
+# in ascending index order (common.cuh, "deterministic mode"); a library of its own, as the work build.
+DET_FLAGS: tuple[str, ...] = ("-DLR_DETERMINISTIC",)
+# The name part of each variant's library, for the flags that make it.
+_VARIANTS = ((WORK_FLAGS, "-work"), (DET_FLAGS, "-det"))
 DEFAULT_NVCC = Path("/usr/local/cuda/bin/nvcc")
 # Compute capabilities from 9.0 on have architecture-specific (`a`) targets.
 _FIRST_ARCH_SPECIFIC = 9
@@ -142,13 +147,13 @@ def cache_dir() -> Path:
 
 
 def library_path(name: str, arch: str, tc: Toolchain, extra: tuple[str, ...] = ()) -> Path:
-    variant = "-work" if extra else ""
+    variant = "".join(part for flags, part in _VARIANTS if set(flags) <= set(extra))
     return cache_dir() / "kernels" / f"{name}{variant}-{arch}-{cache_key(name, arch, tc.version, FLAGS + extra)}.so"
 
 
 def build(name: str, arch: str | None = None, extra: tuple[str, ...] = ()) -> Path:
     """The path of the kernel's shared library for `arch` (default: the current device's), built if absent;
-    `extra` flags (WORK_FLAGS) make a variant of its own."""
+    `extra` flags (WORK_FLAGS, DET_FLAGS) make a variant of its own."""
     tc = toolchain()
     arch = arch or device_arch()
     check_arch(arch, tc)

@@ -2,7 +2,8 @@
 // host-side argument check and shared-memory opt-in of their C interface (declared and documented in
 // topk_api.h). Kept in one header, as DeepGEMM does, so that the parts several kernels need
 // (order-preserving keys, block histograms and scans, the shared-memory select of a candidate set, slot
-// claims, row traversal, -1 tails and short rows, NaN reporting) exist once and behave identically.
+// claims, row traversal, -1 tails and short rows, NaN reporting, the deterministic mode's apply, ordered
+// take and sort) exist once and behave identically.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -55,12 +56,25 @@ bool allow_smem(int bytes) {
   }) != 0;
 }
 
+// The deterministic mode, built with -DLR_DETERMINISTIC (build.py's DET_FLAGS, the `-det` selectors): among
+// the candidates tied at a row's k-th value the lowest indices are taken (the index set of a stable sort),
+// and every row's output is in ascending index order, so that it is the same run after run whatever order
+// the atomics of a launch happen in. -0.0 and +0.0 tie, as values do. The default build has none of its
+// code (each use is an `if constexpr`), so its registers and spills are unchanged.
+#ifdef LR_DETERMINISTIC
+constexpr bool kDeterministic = true;
+#else
+constexpr bool kDeterministic = false;
+#endif
+
 // ------------------------------------------------------------------------------ order-preserving keys
 // A larger float maps to a larger unsigned key, so selection by value becomes selection by key and ties
-// of values are ties of keys. -0.0 and +0.0 get distinct keys (adjacent); NaN maps above +inf (positive
+// of values are ties of keys. -0.0 and +0.0 get distinct keys (adjacent), except in the deterministic
+// mode, where -0.0 is keyed as +0.0 (x + 0.0f: the one float it changes); NaN maps above +inf (positive
 // sign bit) or below -inf (negative), which is why NaN is reported separately.
 
 __device__ __forceinline__ uint32_t f32_key(float x) {
+  if constexpr (kDeterministic) x += 0.0f;
   const uint32_t b = __float_as_uint(x);
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
@@ -80,6 +94,7 @@ __device__ __forceinline__ uint16_t bf16_key(__nv_bfloat16 x) {
 // consistent with the fp32 order; values concentrated in a narrow range (x + 100, x * 1e-8) fall into
 // very few bins, which is exactly what makes this pass distribution-sensitive.
 __device__ __forceinline__ uint32_t half_bin11(float x) {
+  if constexpr (kDeterministic) x += 0.0f;  // -0.0 in +0.0's bin, as f32_key keys it
   const uint16_t b = __half_as_ushort(__float2half_rn(x));
   const uint16_t k = (b & 0x8000u) ? static_cast<uint16_t>(~b) : static_cast<uint16_t>(b | 0x8000u);
   return k >> 5;
@@ -339,6 +354,105 @@ __device__ void smem_select_apply(const uint32_t* keys, int n, SelectRule rule, 
     if (k > rule.prefix || (k == rule.prefix && atomicAdd(&s.tie_taken, 1u) < rule.ties)) sink(i);
   }
   __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------- deterministic mode
+
+// smem_select_apply where candidate i's index in the row is index(i) (distinct): in the deterministic mode
+// the tied candidates taken ((key & mask) == prefix) are the `ties` of lowest index, else (and wherever
+// all of them are taken) it is smem_select_apply itself. The lowest ones are found by a radix select of
+// the largest ~index among the tied candidates alone, so rows without a choice pay nothing more. Exact
+// only when every candidate tied at the m-th key is among keys[0 .. n): each caller states why. sink(i)
+// is still called in any order; ends with a barrier.
+template <int THREADS, typename Index, typename Sink>
+__device__ void smem_select_apply(const uint32_t* keys, Index&& index, int n, SelectRule rule,
+                                  SelectScratch<THREADS>& s, Sink&& sink) {
+  if constexpr (!kDeterministic) {
+    smem_select_apply<THREADS>(keys, n, rule, s, sink);
+  } else {
+    if (rule.ties == rule.count) {  // every tied candidate is taken: no choice to make
+      for (int i = threadIdx.x; i < n; i += THREADS)
+        if ((keys[i] & rule.mask) >= rule.prefix) sink(i);
+      __syncthreads();
+      return;
+    }
+    // The `ties` largest of ~index over the tied candidates: their (~index & mask) is at least the
+    // prefix found (unique indices: resolved to one, or stopped where a whole digit bucket is taken).
+    const SelectRule low = radix_select_rule<THREADS>(
+        [&](auto&& f) {
+          for (int i = threadIdx.x; i < n; i += THREADS)
+            if ((keys[i] & rule.mask) == rule.prefix) f(~static_cast<uint32_t>(index(i)));
+        },
+        static_cast<int>(rule.ties), s);
+    for (int i = threadIdx.x; i < n; i += THREADS) {
+      const uint32_t k = keys[i] & rule.mask;
+      if (k > rule.prefix || (k == rule.prefix && (~static_cast<uint32_t>(index(i)) & low.mask) >= low.prefix))
+        sink(i);
+    }
+    __syncthreads();
+  }
+}
+
+// Calls take(i, rank) for the first `limit` indices i of [0, n), in ascending order, for which pred(i)
+// holds, rank being i's place among them (0, 1, ...): the same in every run. A block-wide scan per tile
+// of THREADS * PER indices (thread t tests PER consecutive ones), stopping after the tile that reaches the
+// limit: two barriers a tile. Every thread of the block calls it alike; `s` is free before and after.
+template <int THREADS, int PER, typename Pred, typename Take>
+__device__ void ordered_take(int n, uint32_t limit, ScanScratch<THREADS>& s, Pred&& pred, Take&& take) {
+  static_assert(PER >= 1 && PER <= 32, "one bit per index of a thread's share");
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  uint32_t base = 0;
+  for (int tile = 0; tile < n && base < limit; tile += THREADS * PER) {
+    const int first = tile + static_cast<int>(threadIdx.x) * PER;
+    uint32_t bits = 0;
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+      if (first + j < n && pred(first + j)) bits |= 1u << j;
+    const uint32_t cnt = __popc(bits);
+    const uint32_t incl = warp_inclusive_sum(cnt, lane);
+    if (lane == kWarp - 1) s.warp_total[warp] = incl;
+    __syncthreads();
+    uint32_t rank = base + incl - cnt, total = 0;
+    for (int w = 0; w < THREADS / kWarp; ++w) {
+      rank += w < warp ? s.warp_total[w] : 0u;
+      total += s.warp_total[w];
+    }
+    __syncthreads();  // the totals may be overwritten by the next tile
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      if (bits >> j & 1u) {
+        if (rank < limit) take(first + j, rank);
+        ++rank;
+      }
+    }
+    base += total;
+  }
+}
+
+// Sort a[0 .. n) (shared memory, distinct or not) ascending: a bitonic network over the next power of two,
+// the places from n on read as +infinity (every compare puts the smaller value first, so a compare with a
+// place past n never swaps and is skipped). Starts and ends with a barrier; every thread calls it alike.
+template <int THREADS>
+__device__ void block_sort_ascending(int* a, int n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  __syncthreads();
+  for (int size = 2; size <= p; size <<= 1) {
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < p / 2; t += THREADS) {
+        const int lo = t / stride * 2 * stride + t % stride;
+        // The first compare of each merge pairs a place with its mirror in the block of `size`, the
+        // later ones with the place `stride` above.
+        const int hi = stride == size / 2 ? lo / size * size + size - 1 - lo % size : lo + stride;
+        if (hi < n && a[hi] < a[lo]) {
+          const int v = a[lo];
+          a[lo] = a[hi];
+          a[hi] = v;
+        }
+      }
+      __syncthreads();
+    }
+  }
 }
 
 }  // namespace lr

@@ -15,6 +15,14 @@
 // the first 12288 rows, a radix select after (upstream sorts those rows with a block radix sort).
 // Selected indices are staged in shared memory and written out in one coalesced sweep at the end.
 //
+// The deterministic build (common.cuh, -DLR_DETERMINISTIC) keeps the passes and changes where a choice
+// among equal keys was made by the order atomics ran in: a collected threshold bin holds every element of
+// the row tied at the k-th key (a bin is an interval of keys), so its finish is the radix select with
+// the lowest-index ties (the rank-counting finish, whose ties go by buffer position, is not used); a pass
+// 3 threshold bin is one key, whose lowest-index elements are taken by an ordered sweep of the row (one
+// more read of it, two barriers per 2048 elements: only rows that reach pass 3); then the top_k slots
+// are sorted in shared memory (a bitonic network, 66 steps for k = 2048) and written in index order.
+//
 // Distribution sensitivity is part of the model: values concentrated in a narrow range (x + 100,
 // x * 1e-8) land in one or two fp16 bins and then in one or two fp32 bins of pass 1, so whole rows are
 // funnelled through shared-memory atomics on one address, up to four times: about ten times slower
@@ -104,7 +112,8 @@ __device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int
       if (keep) slots[atomicAdd(&s.found, 1u)] = i;
     } else if (b == tb) {
       if constexpr (P == 3) {
-        if (atomicAdd(&s.ties, 1u) < take_equal) slots[atomicAdd(&s.found, 1u)] = i;
+        // (the deterministic build takes them in index order below)
+        if (!lr::kDeterministic && atomicAdd(&s.ties, 1u) < take_equal) slots[atomicAdd(&s.found, 1u)] = i;
       } else if (collect) {
         const uint32_t c = atomicAdd(&s.cand_n, 1u);
         s.u.cand.keys[c] = by_value ? __float_as_uint(x) : lr::f32_key(x);
@@ -113,6 +122,17 @@ __device__ lr::ThresholdBin histogram_pass(const T* row, int len, int top_k, int
     }
   });
   __syncthreads();
+  if constexpr (P == 3 && lr::kDeterministic) {
+    // The lowest-index take_equal elements of the threshold key, after the top_k - take_equal slots above.
+    const int at = top_k - static_cast<int>(take_equal);
+    lr::ordered_take<kThreads, 4>(
+        len, take_equal, s.scan,
+        [&](int i) {
+          const float x = lr::to_f32(row[i]);
+          return Pass<3>::match(x, pattern) && Pass<3>::bin(x) == tb;
+        },
+        [&](int i, uint32_t rank) { slots[at + static_cast<int>(rank)] = i; });
+  }
   return t;
 }
 
@@ -121,7 +141,7 @@ __device__ void finish_candidates(long long r, int top_k, int* slots, Smem& s) {
   const int n = static_cast<int>(s.cand_n);
   const int base = static_cast<int>(s.found);
   const int m = top_k - base;
-  if (r < kRankRows) {
+  if (!lr::kDeterministic && r < kRankRows) {
     // Upstream's insertion sort: each candidate's rank among all candidates, counted with float compares
     // (ties by position), as upstream counts it: n^2 / threads compares, cheap for the few candidates of
     // spread-out values, and the main cost of concentrated rows whose threshold bin holds up to 2048.
@@ -136,10 +156,12 @@ __device__ void finish_candidates(long long r, int top_k, int* slots, Smem& s) {
     }
     return;
   }
-  // Later rows: upstream sorts with a block radix sort; the shared radix select does the same O(n) work.
+  // Later rows (every row in the deterministic build): upstream sorts with a block radix sort; the shared
+  // radix select does the same O(n) work. The bin holds every element tied at the k-th key.
   const lr::SelectRule rule = lr::smem_select_rule<kThreads>(s.u.cand.keys, n, m, s.sel);
-  lr::smem_select_apply<kThreads>(s.u.cand.keys, n, rule, s.sel,
-                                  [&](int i) { slots[atomicAdd(&s.found, 1u)] = s.u.cand.idx[i]; });
+  lr::smem_select_apply<kThreads>(
+      s.u.cand.keys, [&](int i) { return s.u.cand.idx[i]; }, n, rule, s.sel,
+      [&](int i) { slots[atomicAdd(&s.found, 1u)] = s.u.cand.idx[i]; });
 }
 
 template <typename T>
@@ -167,7 +189,7 @@ __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restri
   }
   // The first pass's clear is followed by a barrier, which also publishes these counters. Candidates are
   // kept as float values for the rank-counting finish, as order-preserving keys for the radix select.
-  const bool by_value = r < kRankRows;
+  const bool by_value = !lr::kDeterministic && r < kRankRows;
   const lr::ThresholdBin t0 = histogram_pass<0>(row, len, top_k, slots, 0u, by_value, s, status);
   bool collected = t0.count <= kFinal;
   int passes = 1;
@@ -194,6 +216,7 @@ __global__ __launch_bounds__(kThreads) void native_topk_kernel(const T* __restri
     if (threadIdx.x == 0) lr::add_work(lr::status_work(status) + r, passes, static_cast<int>(last));
   }
   if (collected) finish_candidates(r, top_k, slots, s);
+  if constexpr (lr::kDeterministic) lr::block_sort_ascending<kThreads>(slots, top_k);  // ends with a barrier
   __syncthreads();
   for (int i = threadIdx.x; i < top_k; i += kThreads) out_row[i] = slots[i];
 }

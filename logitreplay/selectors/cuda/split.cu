@@ -48,6 +48,16 @@
 // be one of its parts, more than the grid), so all of them are on blocks that are running, and that row
 // completes.
 //
+// The deterministic build (common.cuh, -DLR_DETERMINISTIC) changes where a choice among equal keys was
+// made by the order atomics ran in. A listed bucket holds every key of the row tied at the k-th (a bucket
+// is an interval of keys), so its finish is the select with the lowest-index ties. A bucket resolved to
+// one key value with more keys than the row still needs (ties at the k-th value) is not taken by the
+// emit: a whole row takes the lowest-index keys by an ordered sweep of its cached keys; a split row's
+// last part to leave takes them by an ordered sweep of the whole row from global memory (one block reads
+// the row once more: the cost of that path, paid only by split rows tied at the k-th value). Then the
+// block that finishes a row sorts its top_k indices in shared memory (the key cache) and writes them back
+// in index order, which bounds top_k by the cache (kCacheBytes / 4).
+//
 // Limit: the plan indexes items with 16 bits (PlanIndex); a launch whose plan could need more is
 // refused on the host (kernels.py, from the rows, the columns and the cache). Alternatives measured and
 // not kept: bench/RESULTS.md, "Kernel history". Entry points, workspace and status: see topk_api.h.
@@ -92,6 +102,7 @@ constexpr int kMinChunk = 2048;  // the fewest keys in an item of a split row: f
 constexpr int kBins = 2048;  // 11-bit digits; shorter ones use the low bins
 constexpr int kSplitRows = 1024;  // more rows than this fill the GPU whole: rows are not split
 constexpr int kMaxTopK = 1 << 20;      // output goes straight to global memory: no slot staging limit
+constexpr int kSortedTopK = kCacheBytes / 4;  // the deterministic build's: a row's indices sorted in the cache
 constexpr int kSlotHist = 4 * kBins;   // words of a slot's histograms: the coarse round and up to 3 digits
 constexpr int kListed = kBins / 2;     // an item's coarse bucket keys listed: keys, then their indices
 constexpr int kSlotPairs = (kSlotHist - kBins) / 2;  // a split row's, in its slot after the coarse histogram
@@ -397,9 +408,27 @@ struct Split {
     const lr::SelectRule rule = lr::smem_select_rule<kThreads, 32 - K::kUnused>(
         keys, static_cast<int>(m), static_cast<int>(need), s.sel);
     if (threadIdx.x == 0) s.sel.emitted = 0;  // published by the apply's first barrier
-    lr::smem_select_apply<kThreads>(keys, static_cast<int>(m), rule, s.sel, [&](int i) {
-      out[lr::claim(&s.sel.emitted)] = static_cast<int>(keys[PAIRS + i]);
-    });
+    lr::smem_select_apply<kThreads>(
+        keys, [&](int i) { return keys[PAIRS + i]; }, static_cast<int>(m), rule, s.sel,
+        [&](int i) { out[lr::claim(&s.sel.emitted)] = static_cast<int>(keys[PAIRS + i]); });
+  }
+
+  // The deterministic build's last step of a row (header comment): its top_k indices, written by this
+  // block or (a split row's) by all its parts, sorted in `buf` (shared memory) and written back.
+  __device__ static void sort_row(int* out_row, int top_k, int* buf) {
+    __syncthreads();  // this block's writes of the row are done
+    for (int i = threadIdx.x; i < top_k; i += kThreads) buf[i] = __ldcg(out_row + i);
+    lr::block_sort_ascending<kThreads>(buf, top_k);
+    for (int i = threadIdx.x; i < top_k; i += kThreads) out_row[i] = buf[i];
+  }
+
+  // The deterministic build's choice among the `need` keys equal to `key` still to take (header comment):
+  // the lowest-index ones of the n keys key_at(i), i in [0, n), to tail[0 .. need).
+  template <typename KeyAt>
+  __device__ static void take_lowest(int n, uint32_t key, uint32_t need, int* tail, Smem& s, KeyAt&& key_at) {
+    lr::ordered_take<kThreads, 4>(
+        n, need, s.scan, [&](int i) { return key_at(i) == key; },
+        [&](int i, uint32_t rank) { tail[rank] = i; });
   }
 
   // The threshold bin of this item's round-j histogram (s.hist, complete), over the whole row: a split
@@ -503,12 +532,14 @@ struct Split {
           if (tid == 0) lr::add_work(record + row, 1, 0, 1);
         }
         finish<kListed>(s.hist, t.count, need, tail, s);
+        if constexpr (lr::kDeterministic) sort_row(out_row, top_k, reinterpret_cast<int*>(cache));
         return;
       }
     }
     int rounds = 1;
     // Resolve the bucket: its keys share every bit above `top`, the rest is resolved 11 bits a round.
-    for (uint32_t in_bucket = listed && alone ? need : t.count; need < in_bucket && b_lo != b_hi; ++rounds) {
+    uint32_t in_bucket = listed && alone ? need : t.count;
+    for (; need < in_bucket && b_lo != b_hi; ++rounds) {
       const int top = 32 - __clz(b_lo ^ b_hi);
       const int bits = min(11, top), shift = top - bits;
       lr::smem_fill<kThreads>(s.hist, kBins, 0u);
@@ -531,11 +562,22 @@ struct Split {
     // Emit: every key above the bucket to slots [0, top_k - need), the first `need` of its keys reached to
     // the slots after.
     tail = out_row + (static_cast<uint32_t>(top_k) - need);
+    // Keys equal to the k-th with more of them than needed (b_lo == b_hi then): the deterministic build
+    // takes them in index order below instead.
+    const bool choose = lr::kDeterministic && need < in_bucket;
     if (!(listed && alone))
       emit(sweep, b_lo, b_hi, count, ties, out_row, s, [&](uint32_t, int i, uint32_t rank) {
-        if (rank < need) tail[rank] = i;
+        if (rank < need && !choose) tail[rank] = i;
       });
-    if (!split) return;
+    if (!split) {
+      if constexpr (lr::kDeterministic) {
+        if (choose)
+          take_lowest(n, b_lo, need, tail, s,
+                      [&](int i) { return i < kCache ? static_cast<uint32_t>(cache[i]) : K::key(lr::to_f32(src[i])); });
+        sort_row(out_row, top_k, reinterpret_cast<int*>(cache));
+      }
+      return;
+    }
     if (tid == 0)  // the last part sees the other parts' list entries
       s.last = add_acq_rel(&slot->arrive, 1u) == static_cast<uint32_t>(parts * (rounds + 1) - 1);
     __syncthreads();
@@ -550,6 +592,11 @@ struct Split {
       }
       finish<kSlotPairs>(keys, t.count, need, tail, s);
       lr::smem_fill<kThreads>(list + kSlotPairs, static_cast<int>(t.count), 0u);
+    }
+    if constexpr (lr::kDeterministic) {
+      if (choose)  // the other parts' caches are gone: the row is read again
+        take_lowest(len, b_lo, need, tail, s, [&](int i) { return K::key(lr::to_f32(row_in[i])); });
+      sort_row(out_row, top_k, reinterpret_cast<int*>(cache));
     }
     lr::smem_fill<kThreads>(slot->hist, rounds * kBins + (listed && alone ? static_cast<int>(t.count) : 0), 0u);
     if (tid == 0) slot->arrive = slot->count = slot->ties = 0;
@@ -635,13 +682,13 @@ LR_EXPORT long long lr_split_workspace_bytes(int rows, int, int, int) {
   return workspace_size(rows > 0 ? rows : 0) + lr::work_bytes(rows > 0 ? rows : 0);
 }
 
-LR_EXPORT int lr_split_max_top_k(int) { return kMaxTopK; }
+LR_EXPORT int lr_split_max_top_k(int) { return lr::kDeterministic ? kSortedTopK : kMaxTopK; }
 
 LR_EXPORT int lr_split_topk(const void* logits, int dtype, long long row_stride, const int* row_starts,
                             const int* row_ends, int rows, int top_k, int* out, long long out_stride, void* workspace,
                             long long workspace_bytes, cudaStream_t stream) {
-  if (int err = lr_check_args(logits, dtype, row_stride, row_starts, row_ends, rows, top_k, kMaxTopK, out, out_stride,
-                              workspace, workspace_bytes))
+  if (int err = lr_check_args(logits, dtype, row_stride, row_starts, row_ends, rows, top_k, lr_split_max_top_k(dtype),
+                              out, out_stride, workspace, workspace_bytes))
     return err;
   if (rows == 0) return LR_OK;
   if (workspace_bytes < workspace_size(rows)) return LR_EWORKSPACE;
