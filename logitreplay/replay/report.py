@@ -39,7 +39,8 @@ NOISY = "~"
 APPROXIMATE = "\u2248"  # a timed cell of a selector that passed on recall (--tolerate-recall), not exact values
 NONDETERMINISTIC = "!"  # a timed cell of a selector whose reruns (--determinism N) returned other index sets
 # Short forms of the built-in names for the narrow table; other names longer than 7 characters keep 6.
-_SHORT = {"reference": "ref", "native": "nat", "deepselect": "dsel"}
+_SHORT = {"reference": "ref", "native": "nat", "deepselect": "dsel", "native-det": "nat-d", "deepselect-det": "dsel-d",
+          "split-det": "split-d"}
 
 
 # -- the one table renderer of every command

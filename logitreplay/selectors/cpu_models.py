@@ -543,7 +543,7 @@ def lowest_index_first(logits: torch.Tensor, row_starts: torch.Tensor, row_ends:
         sel = selected[r0:r1].to(torch.int64)
         took = sel >= 0
         picked = key.gather(1, torch.where(took, starts.unsqueeze(1) + sel, 0).clamp(0, width - 1))
-        kth = torch.where(took, picked, 2**32).min(1).values  # no selection: nothing is above it
+        kth = torch.where(took, picked, 2**32).amin(1)  # no selection: nothing is above it
         above = valid & (key > kth.unsqueeze(1))
         tied = valid & (key == kth.unsqueeze(1))
         ties = took.sum(1) - above.sum(1)
