@@ -13,8 +13,8 @@
 # Releases side by side: every folder under $STAGED (default /tmp/staged) holding one release of an
 # adapter's package (the package beside its *.dist-info) gives each adapter that takes it a column of its
 # own (bench/peers.py --staged; catalog.columns): vLLM 0.33.0 and 0.34.0 as staging/stage_vllm.sh's runs
-# just before lay them out (/tmp/staged/vllm-VERSION), or another release of a peer laid out the same
-# way. .peers' packages are named (staging/name_releases.py) so that the installed release keeps its
+# just before lay them out (/tmp/staged/vllm-VERSION), FlashInfer 0.7.4 as staging/stage_flashinfer.sh's
+# does (/tmp/staged/flashinfer-0.7.4), or another release of a peer laid out the same way. .peers' packages are named (staging/name_releases.py) so that the installed release keeps its
 # column beside a staged one of the same package.
 # Exits 1 when any step failed (each is still tried), 3 when the set-up did.
 set -uo pipefail
