@@ -363,13 +363,14 @@ __device__ void smem_select_apply(const uint32_t* keys, int n, SelectRule rule, 
 // all of them are taken) it is smem_select_apply itself. The lowest ones are found by a radix select of
 // the largest ~index among the tied candidates alone, so rows without a choice pay nothing more. Exact
 // only when every candidate tied at the m-th key is among keys[0 .. n): each caller states why. sink(i)
-// is still called in any order; ends with a barrier.
+// is still called in any order; starts and ends with a barrier, as smem_select_apply.
 template <int THREADS, typename Index, typename Sink>
 __device__ void smem_select_apply(const uint32_t* keys, Index&& index, int n, SelectRule rule,
                                   SelectScratch<THREADS>& s, Sink&& sink) {
   if constexpr (!kDeterministic) {
     smem_select_apply<THREADS>(keys, n, rule, s, sink);
   } else {
+    __syncthreads();  // publishes what the caller set up for its sink (a slot counter)
     if (rule.ties == rule.count) {  // every tied candidate is taken: no choice to make
       for (int i = threadIdx.x; i < n; i += THREADS)
         if ((keys[i] & rule.mask) >= rule.prefix) sink(i);
