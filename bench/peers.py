@@ -82,17 +82,10 @@ def replay(out: Path, name: str, source: list[str], selectors: str, extra: list[
     return shown
 
 
-def staged_folders(root: Path | None) -> list[str]:
-    """The folders under `root` that each hold one staged release (a `*.dist-info` in it), in name order."""
-    if root is None or not root.is_dir():
-        return []
-    return [str(p) for p in sorted(root.iterdir()) if p.is_dir() and any(p.glob("*.dist-info"))]
-
-
 def columns(root: Path | None) -> list[str]:
     """The peers' columns: every declared adapter, once per release staged under `root` that it takes
-    (`NAME@FOLDER`), or once on the installed package when no release of its package is staged."""
-    return catalog.columns(staged_folders(root))
+    (`NAME@FOLDER`), and on the installed package (catalog.columns says when)."""
+    return catalog.columns(catalog.staged(root))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -139,7 +132,7 @@ def versions(root: Path | None = None) -> dict[str, str]:
     found = {"date": datetime.date.today().isoformat()}
     bare = [n for n in columns(root) if split_spec(n)[1] is None]
     tops = dict.fromkeys(catalog.adapters()[n].declared.release.source.top for n in bare)
-    for folder in staged_folders(root):
+    for folder in catalog.staged(root):
         found[Path(folder).name] = ", ".join(f"{d} {v}" for d, v in folder_versions(folder).items())
     for module in (*tops, "cutlass", "tvm_ffi"):
         try:

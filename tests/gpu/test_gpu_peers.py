@@ -2,9 +2,16 @@
 for real where they are staged (bench/peers_gpu.sh puts them on the path; staging/stage_cudnn.sh stages
 cuDNN's): each verifies (checks 1-7, the graph replay included) on every case it accepts and declines
 the rest with a reason, never an error; sgl-kernel's fast top-k drops candidates once one coarse bin
-holds more than its buffer, which is that peer's result."""
+holds more than its buffer, which is that peer's result. Every column of a staged release under
+$LOGITREPLAY_STAGED (default /tmp/staged: vLLM 0.33.0 and 0.34.0, FlashInfer 0.7.4, as staging/ lays
+them out) does the same, each in a process of its own (two releases of one package cannot share one)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -53,17 +60,39 @@ def _staged(name: str) -> bool:
     return not (isinstance(sel, Upstream) and found is not None and sel.declared.release.refuses(found.version))
 
 
+def verify(spec: str) -> list[tuple[str, str, str | None]]:
+    """(case, status, reason) of the selector `spec` on every case of CASES."""
+    seen = []
+    for case in CASES:
+        [res] = replay_case(case, [build(spec)], DEVICE, QUICK, extra_checks=device_checks(DEVICE)).results
+        seen.append((case.case_id, res.status, res.reason))
+    return seen
+
+
+def _verified(seen: list[tuple[str, str, str | None]]) -> None:
+    assert all(status in ("ok", "unsupported") and reason for _, status, reason in seen), seen  # each says why
+    if all(status == "unsupported" and (reason or "").startswith("no sm_") for _, status, reason in seen):
+        pytest.skip(f"no code for this GPU: {seen[0][2]}")
+    assert any(status == "ok" for _, status, _ in seen), seen
+
+
 @pytest.mark.parametrize("name", sorted(n for n, e in catalog.adapters().items() if e.declared.family in PEER_FAMILIES))
 def test_each_peer_verifies_what_it_accepts_and_declines_the_rest(name: str) -> None:
     if not _staged(name):
         pytest.skip(f"{name}: its package is not staged here")
-    seen = []
-    for case in CASES:
-        [res] = replay_case(case, [build(name)], DEVICE, QUICK, extra_checks=device_checks(DEVICE)).results
-        seen.append((case.case_id, res.status, res.reason))
-        assert res.status in ("ok", "unsupported"), seen
-        assert res.reason, seen  # a decline says why; a run says what ran (its note)
-    assert any(status == "ok" for _, status, _ in seen), seen
+    _verified(verify(name))
+
+
+STAGED_COLUMNS = [c for c in catalog.columns(catalog.staged(os.environ.get("LOGITREPLAY_STAGED", "/tmp/staged")))
+                  if "@" in c]
+_IN_A_PROCESS = "import json, sys; from tests.gpu.test_gpu_peers import verify; print(json.dumps(verify(sys.argv[1])))"
+
+
+@pytest.mark.parametrize("spec", STAGED_COLUMNS or [pytest.param("", marks=pytest.mark.skip("no staged release"))])
+def test_each_staged_release_verifies_in_a_process_of_its_own(spec: str) -> None:
+    done = subprocess.run([sys.executable, "-c", _IN_A_PROCESS, spec], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _verified([tuple(r) for r in json.loads(done.stdout.strip().splitlines()[-1])])
 
 
 def _one_bin(count: int, rows: int = 4, cols: int = 32768) -> Case:

@@ -60,6 +60,15 @@ def families() -> dict[str, str]:
     return {name: e.declared.family for name, e in adapters().items()}
 
 
+def staged(root: str | os.PathLike[str] | None) -> list[str]:
+    """The folders directly under `root` that each hold a staged release (a `*.dist-info` in it), in name
+    order; none when `root` is None or no folder."""
+    if root is None or not os.path.isdir(root):
+        return []
+    return [p for p in sorted(os.path.join(root, n) for n in os.listdir(root))
+            if os.path.isdir(p) and folder_versions(p)]
+
+
 def columns(folders: list[str] | tuple[str, ...] = ()) -> list[str]:
     """Every adapter's columns, in name order: `NAME` on the installed package, and `NAME@FOLDER` for each
     of `folders` holding a release of its package that it takes (in the order given). Where a release of
@@ -81,4 +90,4 @@ def columns(folders: list[str] | tuple[str, ...] = ()) -> list[str]:
     return specs
 
 
-__all__ = ["Entry", "adapters", "columns", "factories", "families"]
+__all__ = ["Entry", "adapters", "columns", "factories", "families", "staged"]
