@@ -55,6 +55,7 @@ if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unp
 python3 staging/name_releases.py /tmp/peers/site > "$out/releases.log" 2>&1 || echo "naming .peers' releases failed"
 echo "installed: $(tr '\n' ';' < "$out/releases.log")"
 echo "staged under ${STAGED:-/tmp/staged}: $(ls "${STAGED:-/tmp/staged}" 2> /dev/null | tr '\n' ' ')"
+export LOGITREPLAY_STAGED=${STAGED:-/tmp/staged}  # the GPU tests verify each staged release's columns too
 # cuDNN's indexer top-k, where the runs just before unpacked staging/stage_cudnn.sh's parts into /tmp/cudnn
 if [ -f /tmp/cudnn/env.sh ]; then . /tmp/cudnn/env.sh; else echo "cudnn: not unpacked in /tmp/cudnn (staging/stage_cudnn.sh)"; fi
 # upstream DeepSelect (deepselect-upstream), prebuilt for sm_90a, where the tree carries shared/gpu/deepselect
