@@ -64,6 +64,7 @@ ds_tar=$(find .deepselect/prebuilt -name 'deep_select-*-sm90a.tar.xz' 2> /dev/nu
 if [ -n "$ds_tar" ]; then
   mkdir -p /tmp/dsdest && tar -xJf "$ds_tar" -C /tmp/dsdest &&
     export PYTHONPATH=$PYTHONPATH:/tmp/dsdest || echo "deepselect: .deepselect/prebuilt did not unpack"
+elif [ -d /tmp/dsdest/deep_select ]; then export PYTHONPATH=$PYTHONPATH:/tmp/dsdest  # an earlier run's
 else echo "deepselect: no .deepselect/prebuilt (shared/gpu/deepselect's README)"; fi
 export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD
 if [ "${TESTS:-1}" != 0 ]; then tests peers tests/gpu/test_gpu_peers.py; fi
