@@ -206,3 +206,13 @@ def test_a_staged_release_built_for_another_torch_says_so_in_one_line(tmp_path: 
     running = __import__("torch").__version__.split("+")[0]
     assert got == (f"sgl_kernel does not import: sglang-kernel 0.4.10 is built for torch 2.99.1, this is torch "
                    f"{running} (OSError: common_ops.abi3.so: undefined symbol: _ZN3c1019NotImplementedErrorC1E)")
+
+
+def test_a_report_records_the_release_each_staged_column_ran_from(staged: Path) -> None:
+    from logitreplay.selectors.provenance import peer_versions
+
+    got = peer_versions([f"vllm-native@{staged / 'vllm-0.34.0'}", f"flashinfer-ragged-det@{staged / 'flashinfer-0.7.4'}",
+                         "vllm-native@/nowhere/lib.so"])
+    assert got == {f"vllm-native@{staged / 'vllm-0.34.0'}": "vllm 0.34.0 from vllm-0.34.0",
+                   f"flashinfer-ragged-det@{staged / 'flashinfer-0.7.4'}": "flashinfer-python 0.7.4 from flashinfer-0.7.4",
+                   "vllm-native@/nowhere/lib.so": "from lib.so"}

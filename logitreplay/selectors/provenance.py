@@ -19,7 +19,7 @@ from pathlib import Path
 
 from logitreplay.selectors.registry import split_spec
 from logitreplay.selectors.upstream import catalog
-from logitreplay.selectors.upstream.loading import installed_version
+from logitreplay.selectors.upstream.loading import dist_key, folder_versions, installed_version
 
 PACKAGE = Path(__file__).resolve().parent
 BUNDLED = ("native", "deepselect", "split")
@@ -69,14 +69,16 @@ def bundled_in(selectors: list[str]) -> list[str]:
 def peer_version(spec: str) -> str | None:
     """The package version of an upstream peer's selector spec (`flashinfer-python 0.7.2`, read from the
     installed distribution's metadata without importing it), or the library or folder it was given
-    (`from _C_stable_libtorch.abi3.so`); None for a name that is no peer."""
+    (`from _C_stable_libtorch.abi3.so`), with the release a staged folder holds (`vllm 0.34.0 from
+    vllm-0.34.0`); None for a name that is no peer."""
     name, path = split_spec(spec)
     entry = catalog.adapters().get(name)
     if entry is None:
         return None
-    if path is not None:
-        return f"from {Path(path).name}"
     source = entry.declared.release.source
+    if path is not None:
+        staged = folder_versions(path).get(dist_key(source.dist)) if Path(path).is_dir() else None
+        return f"{source.dist} {staged} from {Path(path).name}" if staged else f"from {Path(path).name}"
     version = installed_version(source)
     return f"{source.dist} {version}" if version else f"{source.dist} not installed"
 
