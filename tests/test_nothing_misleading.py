@@ -244,7 +244,7 @@ def _complete(words: str) -> list[str]:
 
 
 def test_the_shell_completes_selector_names_and_case_ids(archive: str) -> None:
-    assert _complete("logitreplay replay --selectors reference,na") == ["reference,native"]
+    assert _complete("logitreplay replay --selectors reference,na") == ["reference,native", "reference,native-det"]
     assert "deepselect" in _complete("logitreplay replay --baseline d")
     assert _complete(f"logitreplay replay {archive} --case run") == ["run-00001-L00-w64", "run-00001-L00"]
     assert _complete("logitreplay inspect nowhere.zarr --case a") == []  # nothing to offer, no error
