@@ -14,8 +14,10 @@
 # adapter's package (the package beside its *.dist-info) gives each adapter that takes it a column of its
 # own (bench/peers.py --staged; catalog.columns): vLLM 0.33.0 and 0.34.0 as staging/stage_vllm.sh's runs
 # just before lay them out (/tmp/staged/vllm-VERSION), FlashInfer 0.7.4 as staging/stage_flashinfer.sh's
-# does (/tmp/staged/flashinfer-0.7.4), or another release of a peer laid out the same way. .peers' packages are named (staging/name_releases.py) so that the installed release keeps its
-# column beside a staged one of the same package.
+# does (/tmp/staged/flashinfer-0.7.4; a .flashinfer-*/N carried with .peers is unpacked here, after it),
+# or another release of a peer laid out the same way. .peers' packages are named
+# (staging/name_releases.py) so that the installed release keeps its column beside a staged one of the
+# same package.
 # Exits 1 when any step failed (each is still tried), 3 when the set-up did.
 set -uo pipefail
 out=${OUT:-out/peers}
@@ -52,6 +54,11 @@ for item in ${PLAIN_TESTS:-}; do
 done
 if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unpack.log" 2>&1 || { cat "$out/unpack.log"; exit 3; }; fi
 . /tmp/peers/env.sh
+# FlashInfer releases staged by staging/stage_flashinfer.sh and carried here (.flashinfer-*/N), unpacked into
+# $STAGED after .peers, whose tvm-ffi they import
+for u in $(find . -maxdepth 3 -path './.flashinfer-*/*/unpack.sh' | sort); do
+  bash "$u" >> "$out/unpack.log" 2>&1 || { failed=1; echo "$u failed:"; tail -3 "$out/unpack.log"; }
+done
 python3 staging/name_releases.py /tmp/peers/site > "$out/releases.log" 2>&1 || echo "naming .peers' releases failed"
 echo "installed: $(tr '\n' ';' < "$out/releases.log")"
 echo "staged under ${STAGED:-/tmp/staged}: $(ls "${STAGED:-/tmp/staged}" 2> /dev/null | tr '\n' ' ')"

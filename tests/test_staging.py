@@ -143,3 +143,140 @@ def test_name_releases_writes_the_metadata_a_trimmed_package_lacks(tmp_path: Pat
     bad = subprocess.run([sys.executable, str(script), str(tmp_path / "absent")], capture_output=True, text=True,
                          env=env)
     assert bad.returncode == 1 and bad.stderr.startswith("usage:")
+
+
+# ------------------------------------------------------------------------------ stage_flashinfer.sh
+
+FI_DEPS = {"pynvml": "nvidia_ml_py", "requests": "requests", "urllib3": "urllib3", "idna": "idna",
+           "charset_normalizer": "charset_normalizer", "certifi": "certifi", "packaging": "packaging"}
+
+
+def make_wheel(folder: Path, dist: str, version: str, files: dict[str, str]) -> Path:
+    """A minimal py3-none-any wheel pip can install: the files, METADATA, WHEEL and RECORD."""
+    import zipfile
+
+    info = f"{dist}-{version}.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    path = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def fake_flashinfer_wheel(folder: Path, version: str) -> Path:
+    """A stand-in flashinfer-python wheel laid out as the facts the script reads say: the top-k JIT
+    spec's sources named in jit/topk.py, the AOT location in jit/env.py, the module's entry points looked
+    up in topk.py; plus files the trim must drop (other modules' sources) and keep (non-source data)."""
+    return make_wheel(folder, "flashinfer_python", version, {
+        "flashinfer/__init__.py": f"__version__ = {version!r}\n",
+        "flashinfer/topk.py": "def f(module):\n    module.alpha(1)\n    return module.beta\n",
+        "flashinfer/jit/__init__.py": "",
+        "flashinfer/jit/topk.py": 'SOURCES = [FLASHINFER_CSRC_DIR / "a.cu", FLASHINFER_CSRC_DIR / "b.cu"]\n',
+        "flashinfer/jit/env.py": 'AOT = _package_root / "data" / "aot"\n'
+                                 'PATH = FLASHINFER_AOT_DIR / module_name / f"{module_name}.so"\n',
+        "flashinfer/other/kernel.cu": "// another module's source\n",
+        "flashinfer/other/config.json": "{}\n",
+        "flashinfer/data/csrc/a.cu": '#include "a.h"\n#include <curand.h>\n',
+        "flashinfer/data/csrc/b.cu": "\n",
+        "flashinfer/data/csrc/a.h": "\n",
+        "flashinfer/data/csrc/unrelated.cu": "\n",
+        "flashinfer/data/include/flashinfer/x.cuh": "\n",
+        "flashinfer/data/cccl/cub/y.cuh": "\n",
+        "flashinfer/data/spdlog/include/z.h": "\n",
+        "flashinfer/data/cutlass/include/big.h": "\n",
+    })
+
+
+def fake_module(path: Path, exports: list[str]) -> bytes:
+    """A shared library exporting `__tvm_ffi_NAME` for each name, as FlashInfer's tvm-ffi module does."""
+    src = path.with_suffix(".c")
+    src.write_text("".join(f"int __tvm_ffi_{n}(void) {{ return 0; }}\n" for n in exports))
+    assert subprocess.run(["cc", "-shared", "-fPIC", "-o", str(path), str(src)]).returncode == 0
+    return path.read_bytes()
+
+
+def flashinfer_repo(tmp_path: Path, version: str) -> tuple[Path, dict[str, str]]:
+    """A repository holding the staging scripts, with its own wheel table for the stand-in wheels."""
+    repo = tmp_path / "repo"
+    (repo / "staging").mkdir(parents=True)
+    for script in ("parts.sh", "stage_flashinfer.sh"):
+        shutil.copy(STAGING / script, repo / "staging" / script)
+    assert subprocess.run(["git", "init", "-q", str(repo)]).returncode == 0
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    made = [fake_flashinfer_wheel(wheels, version)]
+    made += [make_wheel(wheels, dist, "1.0", {f"{module}.py": ""}) for module, dist in FI_DEPS.items()]
+    (repo / "staging" / "flashinfer.sha256").write_text(
+        "".join(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n" for w in made))
+    env = {**os.environ, "STAGING_CACHE": str(tmp_path / "cache"), "FLASHINFER_WHEELS": str(wheels)}
+    return repo, env
+
+
+def test_stage_flashinfer_refuses_an_unknown_release_or_a_missing_prebuilt_module(tmp_path: Path) -> None:
+    repo, env = flashinfer_repo(tmp_path, "9.9.9")
+    for args, said in ((["0.7.99"], "FlashInfer 0.7.99 is not a release this script knows "
+                                    "(staging/flashinfer.sha256 lists: 9.9.9)"),
+                       (["9.9.9", "extra"], "usage: bash staging/stage_flashinfer.sh [VERSION]")):
+        got = subprocess.run(["bash", "staging/stage_flashinfer.sh", *args], cwd=repo, capture_output=True,
+                             text=True, env=env)
+        assert got.returncode == 2 and got.stderr.strip() == f"stage_flashinfer: {said}", got
+    assert not (tmp_path / "cache").exists() and not list(repo.glob(".flashinfer-*"))
+    missing = subprocess.run(["bash", "staging/stage_flashinfer.sh", "9.9.9"], cwd=repo, capture_output=True, text=True,
+                             env={**env, "PREBUILT": str(tmp_path / "none.so.xz")})
+    assert missing.returncode == 1 and missing.stderr.endswith(f"no prebuilt module {tmp_path}/none.so.xz\n")
+    assert not list(repo.glob(".flashinfer-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("xz", "git", "cc", "nm", "unzip")),
+                    reason="needs xz, git, cc, nm and unzip")
+def test_stage_flashinfer_packs_a_prebuilt_module_as_a_staged_release(tmp_path: Path) -> None:
+    import sys
+
+    repo, env = flashinfer_repo(tmp_path, "9.9.9")
+    cache = tmp_path / "cache" / "flashinfer-9.9.9"
+    cache.mkdir(parents=True)
+    prebuilt = cache / "flashinfer-9.9.9-topk-sm90a.so.xz"
+    prebuilt.write_bytes(lzma.compress(fake_module(tmp_path / "short.so", ["alpha"])))
+    short = subprocess.run(["bash", "staging/stage_flashinfer.sh", "9.9.9"], cwd=repo, capture_output=True,
+                           text=True, env=env)
+    assert short.returncode == 1 and "exports no tvm-ffi entry point for: beta" in short.stderr, short
+    module = fake_module(tmp_path / "topk.so", ["alpha", "beta", "gamma"])
+    prebuilt.write_bytes(lzma.compress(module))  # a module in the cache: nothing is built
+    staged = subprocess.run(["bash", "staging/stage_flashinfer.sh", "9.9.9"], cwd=repo, capture_output=True,
+                            text=True, env=env)
+    assert staged.returncode == 0, staged.stderr
+    dest = repo / ".flashinfer-9.9.9"
+    assert sorted(p.name for p in dest.iterdir()) == ["1", "MANIFEST.txt"]
+    assert "/.flashinfer-9.9.9/" in (repo / ".git" / "info" / "exclude").read_text()
+    assert "module sources: a.cu b.cu" in (dest / "MANIFEST.txt").read_text()
+
+    # On the host: a tree holding the part only; every fallback module but pynvml importable there.
+    tree = tmp_path / "run1"
+    shutil.copytree(dest / "1", tree / ".flashinfer-9.9.9" / "1")
+    present = tmp_path / "host-site"
+    present.mkdir()
+    for name in [*FI_DEPS, "tvm_ffi"]:  # tvm_ffi: as after .peers is unpacked, so the import is checked
+        if name != "pynvml":
+            (present / f"{name}.py").write_text("")
+    host = {**os.environ, "FLASHINFER_PYTHON": sys.executable, "PYTHONPATH": str(present),
+            "STAGED": str(tmp_path / "staged")}
+    got = subprocess.run(["bash", ".flashinfer-9.9.9/1/unpack.sh"], cwd=tree, capture_output=True, text=True, env=host)
+    assert got.returncode == 0 and "fallback wheels installed: 1; import checked" in got.stdout, got
+    rel = tmp_path / "staged" / "flashinfer-9.9.9"
+    assert (rel / "flashinfer" / "data" / "aot" / "topk" / "topk.so").read_bytes() == module
+    kept = {str(p.relative_to(rel / "flashinfer")) for p in (rel / "flashinfer").rglob("*") if p.is_file()}
+    assert kept == {"__init__.py", "topk.py", "jit/__init__.py", "jit/topk.py", "jit/env.py", "other/config.json",
+                    "data/csrc/a.cu", "data/csrc/b.cu", "data/csrc/a.h", "data/include/flashinfer/x.cuh",
+                    "data/cccl/cub/y.cuh", "data/spdlog/include/z.h", "data/aot/topk/topk.so"}
+    assert (rel / "flashinfer" / "data" / "cutlass" / "include").is_dir()
+    assert "Version: 9.9.9" in (rel / "flashinfer_python-9.9.9.dist-info" / "METADATA").read_text()
+    assert (rel / "pynvml.py").is_file() and not (rel / "requests.py").exists()  # only what was missing
+    assert sorted(p.name for p in rel.iterdir()) == [
+        "flashinfer", "flashinfer_python-9.9.9.dist-info", "nvidia_ml_py-1.0.dist-info", "pynvml.py"]
+    again = subprocess.run(["bash", ".flashinfer-9.9.9/1/unpack.sh"], cwd=tree, capture_output=True, text=True,
+                           env=host)
+    assert again.returncode == 0 and "already unpacked" in again.stdout
