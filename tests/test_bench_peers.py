@@ -216,3 +216,35 @@ def test_a_report_records_the_release_each_staged_column_ran_from(staged: Path) 
     assert got == {f"vllm-native@{staged / 'vllm-0.34.0'}": "vllm 0.34.0 from vllm-0.34.0",
                    f"flashinfer-ragged-det@{staged / 'flashinfer-0.7.4'}": "flashinfer-python 0.7.4 from flashinfer-0.7.4",
                    "vllm-native@/nowhere/lib.so": "from lib.so"}
+
+
+def test_releases_side_by_side_share_processes_where_nothing_clashes(staged: Path) -> None:
+    from logitreplay.selectors.registry import needs_own_process, process_groups
+
+    v33, v34, fi074 = (staged / n for n in ("vllm-0.33.0", "vllm-0.34.0", "flashinfer-0.7.4"))
+    specs = ["native", "flashinfer-ragged", f"vllm-native@{v33}", f"vllm-deepselect@{v34}",
+             f"flashinfer-ragged@{fi074}", f"vllm-native@{v34}", f"vllm-deepselect@{v33}"]
+    # a staged folder imports its package (`vllm`) once per process, whichever library of it is asked for
+    assert process_groups(specs) == [[0, 1, 2, 6], [3, 4, 5]]
+    assert needs_own_process([f"vllm-native@{v33}", f"vllm-deepselect@{v34}"])
+    assert not needs_own_process(["vllm-native@/a/x.so", "vllm-deepselect@/b/y.so"])  # library files: no package
+    assert process_groups(["native", "flashinfer-ragged", "sgl-fast-topk"]) == [[0, 1, 2]]
+
+
+@pytest.mark.slow
+def test_a_replay_runs_two_releases_in_two_processes_not_one_per_selector(tmp_path: Path) -> None:
+    from logitreplay.replay import ReplayConfig, run_replay
+    from logitreplay.replay.results import validate
+
+    folders = [tmp_path / f"flashinfer-{v}" for v in ("0.7.2.post1", "0.7.4")]
+    for folder in folders:
+        folder.mkdir()
+    specs = ("reference", *(f"{name}@{f}" for f in folders for name in ("flashinfer-ragged", "flashinfer-paged")))
+    run = run_replay(ReplayConfig(suite="seed-controls", case_globs=("b-*",), selectors=specs, device="cpu", rounds=1))
+    assert run.result.selectors == ["reference", "flashinfer-ragged@flashinfer-0.7.2.post1",
+                                    "flashinfer-paged@flashinfer-0.7.2.post1", "flashinfer-ragged@flashinfer-0.7.4",
+                                    "flashinfer-paged@flashinfer-0.7.4"]
+    assert any("the selectors ran in 2 processes" in n for n in run.result.notes), run.result.notes
+    assert not any("each selector ran in its own process" in n for n in run.result.notes)
+    assert all(r.status in ("ok", "unsupported") for c in run.result.cases for r in c.results)
+    validate(run.result.to_json())

@@ -34,7 +34,7 @@ from logitreplay.replay.sources import case_costs, open_cases
 from logitreplay.selectors import Selector, build, load_factory
 from logitreplay.selectors.auto import RULE_ENV
 from logitreplay.selectors.provenance import peer_versions
-from logitreplay.selectors.registry import factory_spec, needs_own_process
+from logitreplay.selectors.registry import factory_spec, process_groups
 
 T = TypeVar("T")
 # progress(items, how many, label) -> the same items: a front end's progress display (identity by default)
@@ -256,14 +256,14 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
         env["read_bandwidth_bytes_per_s"] = read_bandwidth
         torch.cuda.empty_cache()  # the workers replay on this device: keep none of its memory here
     result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
-    own_process = needs_own_process(list(config.selectors))
-    alone = config.isolate or config.timeout_s is not None or own_process
+    groups = process_groups(list(config.selectors))
+    alone = config.isolate or config.timeout_s is not None
     job = Job((), (), pinned, config.suite, config.scale or "small", str(dev), protocol.to_json(), config.poison,
               read_bandwidth, controls=config.controls, case_globs=config.case_globs, case_regex=config.case_regex,
               only=config.case_indices, min_recall=config.tolerate_recall, determinism=config.determinism)
     together = list(zip(config.selectors, columns, strict=True))
     jobs = [replace(job, specs=(spec,), names=(name,)) for spec, name in together] if alone else \
-        [replace(job, specs=tuple(config.selectors), names=tuple(columns))]
+        [replace(job, specs=tuple(config.selectors[i] for i in g), names=tuple(columns[i] for i in g)) for g in groups]
     timeout_s = (ISOLATE_TIMEOUT_S if config.timeout_s is None else config.timeout_s) if alone else None
     per_selector: dict[str, dict[int, CaseResult]] = {}
     places = list(range(total)) if config.case_indices is None else sorted(set(config.case_indices))
@@ -284,8 +284,11 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
         result.partial = partial_mark(name, done, total, config)
         raise ReplayInterrupted(ReplayRun(result, [places[i] for i in held], config, pinned), name) from None
     result.cases = merge(per_selector, columns, total)
-    if own_process and not config.isolate:
-        notes.append("kernel libraries from different builds: each selector ran in its own process")
+    if len(groups) > 1 and not alone:
+        notes.append(f"kernel libraries or packages from different builds: the selectors ran in {len(groups)} "
+                     "processes, no two builds of one in one; timing rounds alternate only within a process")
+    elif len(groups) > 1 and not config.isolate:
+        notes.append("kernel libraries or packages from different builds: each selector ran in its own process")
     if config.tolerate_recall is not None:
         notes.append(f"--tolerate-recall {config.tolerate_recall}: a selector whose every row holds at least that "
                      "fraction of the exact top-k's values passed as approximate (not exact)")

@@ -85,18 +85,42 @@ def factory_spec(spec: str) -> str:
     return available().get(spec, spec)
 
 
+def _held(spec: str) -> dict[tuple[str, str], str]:
+    """What a selector's kernel holds in its process, each with the source it comes from ("installed" or a
+    path): its library or package family, and, where it imports its package (installed, or from a staged
+    release's folder), the package's top module, which one process imports once."""
+    name, path = split_spec(spec)
+    entry = catalog.adapters().get(name)
+    if entry is None:
+        return {}
+    where = os.path.abspath(path) if path else "installed"
+    held = {("family", entry.declared.family): where}
+    if path is None or os.path.isdir(path):
+        held[("module", entry.declared.release.source.top)] = where
+    return held
+
+
+def process_groups(specs: list[str]) -> list[list[int]]:
+    """The selectors (by index) that can share a process: no two sources of one library family or one
+    package in a group (two builds of one op cannot be registered in one process, nor two copies of one
+    package imported). Greedy, in order; one group when nothing clashes."""
+    groups: list[tuple[list[int], dict[tuple[str, str], str]]] = []
+    for i, spec in enumerate(specs):
+        held = _held(spec)
+        for members, holds in groups:
+            if all(holds.get(key, where) == where for key, where in held.items()):
+                members.append(i)
+                holds.update(held)
+                break
+        else:
+            groups.append(([i], dict(held)))
+    return [members for members, _ in groups]
+
+
 def needs_own_process(specs: list[str]) -> bool:
     """Whether these selectors load one package or library family from two sources (installed and a
-    path, or two paths): two builds of one op cannot be registered in one process, nor two copies of one
-    package imported, so each must run in its own."""
-    families = catalog.families()
-    sources: dict[str, set[str]] = {}
-    for spec in specs:
-        name, path = split_spec(spec)
-        family = families.get(name)
-        if family is not None:
-            sources.setdefault(family, set()).add(os.path.abspath(path) if path else "installed")
-    return any(len(s) > 1 for s in sources.values())
+    path, or two paths): they cannot all run in one process (`process_groups` splits them)."""
+    return len(process_groups(specs)) > 1
 
 
 def build(spec: str) -> Selector:
@@ -129,4 +153,4 @@ def available() -> dict[str, str]:
 
 
 __all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "available", "build", "factory_spec", "load_factory", "needs_own_process",
-           "split_spec", "unknown_name"]
+           "process_groups", "split_spec", "unknown_name"]

@@ -6,7 +6,7 @@ adapter is one module here (and its test), nothing else.
 Releases side by side: a folder holding one release of a package, as the staging scripts lay it out
 (the package and its `NAME-VERSION.dist-info`), is a source for every adapter of that package that takes
 its version (`NAME@FOLDER`, a column named after the folder); two releases of one package run in two
-processes (registry.needs_own_process).
+processes (registry.process_groups).
 
 Importing the adapter modules imports torch and this package only: no upstream package is imported
 until an adapter is asked to find its kernel.

@@ -12,7 +12,8 @@ line saying why it cannot be used:
 One process holds one copy of a package or library: a second folder for a module already imported from
 elsewhere, or a second build of ops already registered, is refused with the advice to run it in a
 process of its own (`--isolate`); the replay command does that itself for selectors of one family from
-different sources (`needs_own_process` in registry.py).
+different sources, or one package from two folders, in as few processes as keep them apart
+(`process_groups` in registry.py).
 
 Whether a library has code for the GPU is read once from its fatbin table (the `.nv_fatbin` section of
 the ELF file: one entry per cubin or PTX, each naming its SM architecture), so an adapter says "no sm_90
