@@ -142,9 +142,11 @@ def _ds_classes() -> tuple[list[int], set[int]]:
     """The top_k classes deepselect.cu's launch_for_k dispatches to, and those with a wide variant."""
     body = DS[DS.index("int launch_for_k("):]
     body = body[:body.index("\n}\n")]
-    bounded = [int(k) for k in re.findall(r"if \(top_k <= (\d+)\)", body)]
-    last = re.findall(r"return launch<T, (\d+)>\(", body)[-1]
-    return [*bounded, int(last)], {int(k) for k in re.findall(r"wide \? launch<T, (\d+), true>", body)}
+    bounded = [int(k) for k in re.findall(r"top_k <= (\d+)\s+\? launch_class<T, \1>", body)]
+    classes = [*bounded, int(re.findall(r": launch_class<T, (\d+)>;", body)[-1])]
+    wide_max = re.search(r"constexpr bool has_wide\(int k_max\) \{ return k_max <= (\d+); \}", DS)
+    assert wide_max, "has_wide"
+    return classes, {k for k in classes if k <= int(wide_max[1])}
 
 
 def test_deepselect_classes_and_configuration_rules_match_the_model() -> None:

@@ -134,6 +134,16 @@ def test_deepselect_rebets_flooded_rows_instead_of_redoing_them() -> None:
     assert torch.equal(chosen, torch.topk(case.padded(), case.top_k, dim=1).values.sort(dim=1).values)
 
 
+def test_deepselect_rebets_only_where_a_row_can_be_long_enough() -> None:
+    """The narrow variant of a class with a wide one serves rows shorter than the wide stride: fewer
+    rounds than a re-bet needs, so it has none (the kernel compiles it without, for the free rounds'
+    registers); the wide variants and the classes without one re-bet."""
+    narrow, wide = models.deepselect_config(512, models.DS_WIDE_STRIDE - 1), models.deepselect_config(512, 163840)
+    assert models.DS_WIDE_STRIDE // narrow.round + 1 < models.DS_REBET_ROUNDS
+    assert (narrow.rebets, wide.rebets) == (False, True)
+    assert all(models.deepselect_config(k, 8192).rebets for k in (2048, 4096))
+
+
 def test_deepselect_needs_no_redo_on_constant_rows() -> None:
     """A first round of one repeated value: its rank-r key is also its k-th, so the later rounds take
     none of the ties in (nothing is bet, no buffer floods)."""

@@ -39,7 +39,7 @@ behave like the kernels' bit patterns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -359,6 +359,7 @@ class DeepSelectConfig:
     elems: int  # elements per thread per round
     warps: int  # warps per block
     slack: int  # candidates since the last compaction that trigger the next one (kB2)
+    rebets: bool = True  # whether its free rounds re-bet (kRebets): not the narrow variant of a wide class
 
     @property
     def segment(self) -> int:
@@ -379,7 +380,11 @@ def deepselect_config(top_k: int, row_stride: int) -> DeepSelectConfig:
     """The kernel's configuration for this top_k and row stride (deepselect.cu's Config, kWideStride)."""
     k_max = next(c for c in DS_CLASSES if top_k <= c or c == DS_CLASSES[-1])
     wide = row_stride >= DS_WIDE_STRIDE and k_max <= DS_WIDE_MAX_K
-    return DeepSelectConfig(k_max, 16 if wide else 8, 16 if k_max == 4096 else 8, max(1024, k_max))
+    cfg = DeepSelectConfig(k_max, 16 if wide else 8, 16 if k_max == 4096 else 8, max(1024, k_max))
+    # The narrow variant of a class with a wide one serves rows shorter than DS_WIDE_STRIDE (in rows that do
+    # not overlap): too few rounds for a re-bet, and the kernel compiles it without one.
+    narrow_only = not wide and k_max <= DS_WIDE_MAX_K and DS_WIDE_STRIDE // cfg.round + 1 < DS_REBET_ROUNDS
+    return replace(cfg, rebets=not narrow_only)
 
 
 def deepselect_round_columns(cfg: DeepSelectConfig, length: int, head: int, r: int) -> torch.Tensor:
@@ -474,7 +479,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
     count = torch.zeros(n, dtype=torch.int64)
     lowest = torch.full((n,), -1, dtype=torch.int64)  # an element enters at or above this key
     free = torch.zeros(n, dtype=torch.bool)  # speculating: no compaction, overflow means a redo
-    rebet_round = torch.where(rounds >= DS_REBET_ROUNDS, rounds // DS_REBET_DIV, -1)
+    rebet_round = torch.where((rounds >= DS_REBET_ROUNDS) & cfg.rebets, rounds // DS_REBET_DIV, -1)
     reading = torch.ones(n, dtype=torch.bool)  # a free pass that overflowed by its re-bet stops reading
     compactions = torch.zeros(n, dtype=torch.int64)
     appended = torch.zeros(n, dtype=torch.int64)

@@ -14,7 +14,8 @@
 //    still at or below the row's k-th value.
 // 2. With the bet placed, the later rounds add few candidates (about r per round's worth of the row),
 //    so they run free: no barrier per round, one shared atomic per warp. A long row (kRebetRounds rounds
-//    or more) stops once, after round rounds / kRebetDiv, at one barrier: when its buffer is on course
+//    or more; the narrow variant of a class with a wide one serves none) stops once, after round
+//    rounds / kRebetDiv, at one barrier, between two runs of the rounds' loop: when its buffer is on course
 //    for more than half its capacity (a first round's rank-r key can let in far more than r per round:
 //    k = 2048 on the longest rows, flooded bins), it is cut back there by a speculative compaction, the
 //    same bet placed on the rounds seen so far, whose margin is then much smaller against mu; when it
@@ -44,11 +45,14 @@
 // - bf16 keys use the fp32 key of the (exact) fp32 value; its low 16 bits carry no information, so the
 //   selects resolve 16 bits (two radix passes) instead of 32.
 //
+// The code follows these phases, one device function each, called in this order by `run`: short rows
+// (copied whole), then a pass (`read`): the first bet (`first_bet`), the free rounds (`free_rounds`, the
+// re-bet `rebet` between their two runs) or the synchronous ones (`rounds`); the redo (a second, exact
+// pass, from `run`); and the final select (`final_select`).
+//
 // Alternatives measured and not kept: bench/RESULTS.md, "Kernel history".
 //
 // Entry points, workspace and status: see topk_api.h.
-
-#include <type_traits>
 
 #include "common.cuh"
 #include "topk_api.h"
@@ -115,6 +119,9 @@ __device__ __forceinline__ int keep_rank(int top_k, int seen, int len) {
 constexpr int kRebetRounds = 16;
 constexpr int kRebetDiv = 8;
 
+// The top_k classes with a wide variant, which rows of kWideStride or more elements take (launch_class).
+constexpr bool has_wide(int k_max) { return k_max <= 1024; }
+
 // A prime above any segment count (fewer than 2^31 / 128): its residue modulo m is coprime with m.
 constexpr uint32_t kPermPrime = 2654435761u;
 
@@ -152,6 +159,10 @@ struct DeepSelect {
   static constexpr int kKeyBits = sizeof(T) == 4 ? 32 : 16;  // key bits that carry information
   static constexpr int kFirstBits = sizeof(T) == 4 ? 24 : 16;  // key bits the first threshold resolves
   static_assert(kPerThread <= 32, "one bit per element of a thread's round in a 32-bit mask");
+  // Whether a row of this variant can reach the re-bet: the narrow variant of a class with a wide one
+  // serves rows shorter than kWideStride only (at most kWideStride / kRound + 1 rounds), and compiled
+  // without it, its free rounds keep the registers they had before the re-bet existed.
+  static constexpr bool kRebets = WIDE || !has_wide(K_MAX) || kWideStride / kRound + 1 >= kRebetRounds;
 
   struct Smem {
     uint32_t keys[kCap];  // candidates [0, n): order-preserving keys ...
@@ -161,6 +172,42 @@ struct DeepSelect {
     uint32_t warp_count[2][kWarps];  // accepted elements per warp, alternating rounds
     uint32_t count;                  // candidates placed by free rounds
     lr::SelectScratch<kThreads> sel;
+  };
+
+  // Where a row lies and in which order its segments are visited (see "Visit order"): the same in every
+  // thread.
+  struct Span {
+    const uint4* base;  // the span's 16-byte vectors, from the boundary at or before the row start
+    int head;           // cells of the span before the row start
+    int span;           // cells of the span: head + the row's length
+    uint32_t m;         // segments: segment i is visited as number (i * a + m / 2) mod m, a = kPermPrime mod m
+    uint32_t first;     // this warp's segment in the first round: (warp * a + m / 2) mod m
+    uint32_t step;      // kWarps * a mod m: from a warp's segment in one round to its next
+    int rounds;
+    int first_valid;    // the row's elements in the first round (when rounds > 1)
+  };
+
+  // This warp's segment of the next round, loaded into registers while the current round is processed;
+  // copied out only when its own data is needed, never moved while its load is still in flight.
+  struct Ahead {
+    uint4 v[C::kVecs];
+    int seg;        // the segment `v` holds, -1 once the row has none left for this warp
+    uint32_t next;  // the segment the next load reads
+  };
+
+  // One pass's threshold and candidates (the same in every thread of the block).
+  struct Pass {
+    bool spec;      // speculating: compactions keep keep_rank candidates, not top_k
+    float t;        // elements x with !(x <= t) enter; NaN at first, which lets everything in
+    float t_later;  // the threshold from the second round on
+    int n;          // candidates in s.keys / s.idx (synchronous rounds; free rounds count in s.count)
+  };
+
+  // What both passes add up: NaN among the candidates, and the work record's counts (LR_WORK_RECORD
+  // builds only).
+  struct Tally {
+    bool nan = false;
+    int compactions = 0, appended = 0, firsts = 0;
   };
 
   // Cut candidates [0, n) back (in place, via kept_*) around the key of rank `rank` (keep_rank, or top_k
@@ -196,13 +243,15 @@ struct DeepSelect {
     return keep;
   }
 
-  // Load this warp's segment `seg` of the row (16-byte vectors at span offsets below `span`).
+  // Load this warp's segment `seg` of the row (16-byte vectors at span offsets below `span`). One
+  // pointer per thread, the vectors at constant offsets from it: the loads' addresses cost no registers
+  // of their own.
   __device__ __forceinline__ static void load(uint4 (&v)[C::kVecs], const uint4* base, int seg, int span, int lane) {
+    const int o = seg * kSeg + lane * kVec;  // span offset of this thread's first vector
+    const uint4* p = base + o / kVec;
 #pragma unroll
-    for (int q = 0; q < C::kVecs; ++q) {
-      const int o = seg * kSeg + (q * lr::kWarp + lane) * kVec;
-      v[q] = o < span ? __ldg(base + o / kVec) : make_uint4(0u, 0u, 0u, 0u);
-    }
+    for (int q = 0; q < C::kVecs; ++q)
+      v[q] = o + q * lr::kWarp * kVec < span ? __ldg(p + q * lr::kWarp) : make_uint4(0u, 0u, 0u, 0u);
   }
 
   // Bit e of the result: element e of this thread's share of segment `seg` lies inside the row.
@@ -246,190 +295,236 @@ struct DeepSelect {
     return nan;
   }
 
+  // The span of a row (the segments are aligned to 16 bytes, the first holding `head` cells before the
+  // row) and its visit order: one modulo per row.
+  __device__ __forceinline__ static Span span_of(const T* row, int len) {
+    Span sp;
+    sp.head = static_cast<int>((reinterpret_cast<uintptr_t>(row) % 16) / sizeof(T));
+    sp.span = len + sp.head;
+    sp.base = reinterpret_cast<const uint4*>(row - sp.head);
+    sp.m = static_cast<uint32_t>((sp.span + kSeg - 1) / kSeg);
+    const uint32_t a = kPermPrime % sp.m;
+    const unsigned long long warp = threadIdx.x / lr::kWarp;
+    sp.first = static_cast<uint32_t>((warp * a + sp.m / 2) % sp.m);
+    sp.step = static_cast<uint32_t>(static_cast<unsigned long long>(kWarps) * a % sp.m);
+    sp.rounds = static_cast<int>((sp.m + kWarps - 1) / kWarps);
+    // The first round's kWarps segments are distinct when rounds > 1: whole segments but the span's first
+    // (`head` cells before the row) and its last (up to `span`).
+    sp.first_valid = 0;
+    for (uint32_t w = 0, g = sp.m / 2; w < kWarps; ++w, g = g + a < sp.m ? g + a : g + a - sp.m)
+      sp.first_valid += min(sp.span - static_cast<int>(g) * kSeg, kSeg) - (g == 0 ? sp.head : 0);
+    return sp;
+  }
+
+  // This warp's first segment, the first round's in flight (a pass starts here).
+  __device__ __forceinline__ static void start(Ahead& ah, const Span& sp) {
+    ah.next = sp.first;
+    issue(ah, sp, 0);
+  }
+
+  // Put round `round`'s load of this warp in flight, if the row has a segment left for it.
+  __device__ __forceinline__ static void issue(Ahead& ah, const Span& sp, int round) {
+    const int warp = threadIdx.x / lr::kWarp, lane = threadIdx.x % lr::kWarp;
+    ah.seg = round * kWarps + warp < static_cast<int>(sp.m) ? static_cast<int>(ah.next) : -1;
+    if (ah.seg >= 0) load(ah.v, sp.base, ah.seg, sp.span, lane);
+    ah.next += sp.step;
+    if (ah.next >= sp.m) ah.next -= sp.m;
+  }
+
+  // One round: filter this warp's segment and place the accepted elements. A free round places them with
+  // one shared atomic per warp and no barrier; a synchronous one with one barrier, and it compacts when
+  // the buffer is full (not after the last round: the final select does that).
+  template <bool FREE>
+  __device__ __forceinline__ static void round(Smem& s, const Span& sp, Pass& p, Tally& tally,
+                                               const uint4 (&v)[C::kVecs], int seg, int round, int top_k) {
+    const int lane = threadIdx.x % lr::kWarp, warp = threadIdx.x / lr::kWarp;
+    const uint32_t valid = seg >= 0 ? inside(seg, sp.head, sp.span, lane) : 0u;
+    const uint32_t acc = valid & above(v, p.t);
+    if (round == 0) p.t = p.t_later;
+    const uint32_t cnt = __popc(acc);
+    const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
+    if constexpr (FREE) {
+      // The threshold no longer moves, so no compaction follows. A warp whose elements would not fit in
+      // the buffer places none; the count then tells the pass to be redone exactly.
+      const uint32_t total = __shfl_sync(~0u, incl, lr::kWarp - 1);
+      uint32_t base = 0;
+      if (lane == lr::kWarp - 1 && total) base = atomicAdd(&s.count, total);
+      base = __shfl_sync(~0u, base, lr::kWarp - 1);
+      if (acc && base + total <= kCap)
+        tally.nan |= append(s, v, acc, static_cast<int>(base + incl - cnt), seg, sp.head, lane);
+    } else {
+      // The per-warp totals alternate between two slots, so no second barrier is needed before the next
+      // round.
+      uint32_t* counts = s.warp_count[round & 1];
+      if (lane == lr::kWarp - 1) counts[warp] = incl;
+      __syncthreads();
+      int pos = p.n + static_cast<int>(incl - cnt), total = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const int c = static_cast<int>(counts[w]);
+        pos += w < warp ? c : 0;
+        total += c;
+      }
+      if (acc) tally.nan |= append(s, v, acc, pos, seg, sp.head, lane);
+      p.n += total;
+      if constexpr (lr::kWorkRecord) tally.appended += total;
+      if (p.n >= top_k + C::kB2 && round + 1 < sp.rounds) {
+        const int rank = p.spec ? keep_rank(top_k, min((round + 1) * kRound, sp.span), sp.span) : top_k;
+        p.n = compact(s, p.n, rank, top_k, p.t);
+        if constexpr (lr::kWorkRecord) ++tally.compactions;
+      }
+    }
+  }
+
+  // Rounds [begin, end), the next one's load in flight while one is processed (round `begin`'s is already
+  // in flight; none is put in flight after the last, so nothing is in flight past `end`). Compiled once
+  // per kind of round, so that each gets its own registers.
+  template <bool FREE>
+  __device__ __forceinline__ static void rounds(Smem& s, const Span& sp, Ahead& ah, Pass& p, Tally& tally,
+                                                int begin, int end, int top_k) {
+    for (int r = begin; r < end; ++r) {
+      uint4 v[C::kVecs];
+#pragma unroll
+      for (int q = 0; q < C::kVecs; ++q) v[q] = ah.v[q];
+      const int seg = ah.seg;
+      if (r + 1 < end) issue(ah, sp, r + 1);
+      round<FREE>(s, sp, p, tally, v, seg, r, top_k);
+    }
+  }
+
+  // The first bet: the first threshold from the first round's own registers, when it holds at least r
+  // elements of the row, instead of taking that round whole and compacting it: the round's rank-r key,
+  // to kFirstBits bits (a lower bound). With r = top_k that threshold loses nothing; with the
+  // speculative rank it is the bet of a speculative compaction, and the rounds can then run free: with a
+  // threshold that close to the row's k-th value later rounds add few candidates, so the buffer takes
+  // them all without a compaction, and a row where it would not is redone exactly. Done before the round
+  // loop, whose registers it would otherwise crowd. Returns whether the rounds run free.
+  __device__ static bool first_bet(Smem& s, const Span& sp, const Ahead& ah, Pass& p, Tally& tally, int top_k) {
+    const int rank = p.spec ? keep_rank(top_k, kRound, sp.span) : top_k;
+    if (sp.rounds <= 1 || rank > sp.first_valid) return false;  // too few of the row's elements to rank
+    if (threadIdx.x == 0) s.count = 0;  // published by the select's first barrier
+    const uint32_t valid = inside(ah.seg, sp.head, sp.span, threadIdx.x % lr::kWarp);
+    const lr::SelectRule rule = lr::radix_select_rule<kThreads, kFirstBits>(
+        [&](auto&& f) {
+#pragma unroll
+          for (int e = 0; e < kPerThread; ++e)
+            if (valid >> e & 1u) f(lr::f32_key(element<T>(ah.v[e / kVec], e % kVec)));
+        },
+        rank, s.sel);
+    p.t = p.t_later = at_or_above(rule.prefix);
+    // At least top_k of the round's keys at or above the prefix (ties, constant rows): it is then the
+    // round's k-th key too, nothing is bet, and as after an exact compaction no later element equal to
+    // it is needed, so later rounds do not take the ties in.
+    if (rule.not_below(rank) >= top_k) p.t_later = key_to_f32(rule.prefix);
+    if constexpr (lr::kWorkRecord) ++tally.firsts;
+    return p.spec;
+  }
+
+  // The re-bet after free round `round` (see the header): the threshold from then on, and whether the
+  // buffer already overflowed (the pass then stops there). Called between two runs of the free rounds'
+  // loop with no load in flight, so that its compaction's registers are not taken from the loop's:
+  // inside the loop, it made the loop spill. s.count is the same in every thread after the barrier, so
+  // the whole block decides alike.
+  struct Rebet {
+    float t;
+    int dropped;     // candidates the compaction dropped (the work record)
+    bool compacted;  // whether it compacted (the work record)
+    bool overflow;
+  };
+  __device__ __forceinline__ static Rebet rebet(Smem& s, int round, int rounds, int span, int top_k, float t) {
+    __syncthreads();  // every warp's appends and count of rounds [0, round]
+    const uint32_t c = s.count;
+    if (c > static_cast<uint32_t>(kCap)) return {t, 0, false, true};
+    const int rank = keep_rank(top_k, min((round + 1) * kRound, span), span);
+    if (static_cast<long long>(c) * rounds <= static_cast<long long>(round + 1) * (kCap / 2) ||
+        static_cast<int>(c) <= rank)
+      return {t, 0, false, false};  // on course for at most half the buffer: the bet stands
+    const int keep = compact(s, static_cast<int>(c), rank, top_k, t);
+    if (threadIdx.x == 0) s.count = static_cast<uint32_t>(keep);
+    __syncthreads();  // later appends go after the kept candidates
+    return {t, static_cast<int>(c) - keep, true, false};
+  }
+
+  // The free rounds, and the count of candidates they placed (above kCap: the buffer overflowed). A long
+  // row stops once, for the re-bet, between two runs of the same loop: the row decides once whether it
+  // stops, and the loop holds nothing of the re-bet (nor a load in flight across it).
+  __device__ static int free_rounds(Smem& s, const Span& sp, Ahead& ah, Pass& p, Tally& tally, int top_k) {
+    int begin = 0, end = kRebets && sp.rounds >= kRebetRounds ? sp.rounds / kRebetDiv + 1 : sp.rounds;
+    for (;;) {
+      rounds<true>(s, sp, ah, p, tally, begin, end, top_k);
+      if (end == sp.rounds) break;
+      const Rebet re = rebet(s, end - 1, sp.rounds, sp.span, top_k, p.t);
+      p.t = re.t;
+      if constexpr (lr::kWorkRecord) {
+        tally.appended += re.dropped;  // the end adds the final count, the kept candidates included
+        tally.compactions += re.compacted;
+      }
+      if (re.overflow) break;
+      issue(ah, sp, end);
+      begin = end;
+      end = sp.rounds;
+    }
+    __syncthreads();  // every warp's candidates and count
+    if constexpr (lr::kWorkRecord) tally.appended += static_cast<int>(s.count);
+    return static_cast<int>(min(s.count, static_cast<uint32_t>(kCap) + 1u));
+  }
+
+  // One pass over the row, speculating or exact; returns its candidates' count (above kCap: overflowed).
+  __device__ static int read(Smem& s, const T* row, int len, bool spec, Tally& tally, int top_k) {
+    const Span sp = span_of(row, len);
+    const float everything = __uint_as_float(0x7fffffffu);  // NaN: every element passes `!(x <= t)`
+    Pass p{spec, everything, everything, 0};
+    Ahead ah;
+    start(ah, sp);
+    if (first_bet(s, sp, ah, p, tally, top_k)) return free_rounds(s, sp, ah, p, tally, top_k);
+    rounds<false>(s, sp, ah, p, tally, 0, sp.rounds, top_k);
+    return p.n;
+  }
+
+  // The final select: the top_k of the n candidates, their indices written to the row's output (in the
+  // order the apply emits them).
+  __device__ static void final_select(Smem& s, int n, int top_k, int* out_row) {
+    __syncthreads();  // the last appends are visible
+    const lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, top_k, s.sel);
+    if (threadIdx.x == 0) s.sel.emitted = 0;
+    lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel,
+                                    [&](int i) { out_row[lr::claim(&s.sel.emitted)] = s.idx[i]; });
+  }
+
   __device__ static void run(const T* __restrict__ logits, long long row_stride, const int* __restrict__ row_starts,
                              const int* __restrict__ row_ends, int top_k, int* __restrict__ out, long long out_stride,
                              LrStatus* status) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& s = *reinterpret_cast<Smem*>(smem_raw);
-    const int tid = threadIdx.x, lane = tid % lr::kWarp, warp = tid / lr::kWarp;
     const long long r = blockIdx.x;
     const int start = row_starts[r];
     const int len = row_ends[r] - start;
-    int* out_row = out + r * out_stride;
     const T* row = logits + r * row_stride + start;
 
+    // Short rows: nothing to select, every element is in the answer.
     if (len <= top_k) {
-      lr::copy_short_row<kThreads>(row, len, top_k, out_row, status);
+      lr::copy_short_row<kThreads>(row, len, top_k, out + r * out_stride, status);
       return;
     }
 
-    // The span starts at the 16-byte boundary at or before the row start: segments are aligned.
-    const int head = static_cast<int>((reinterpret_cast<uintptr_t>(row) % 16) / sizeof(T));
-    const int span = len + head;
-    const uint4* base = reinterpret_cast<const uint4*>(row - head);
-    const uint32_t m = static_cast<uint32_t>((span + kSeg - 1) / kSeg);
-    const uint32_t a = kPermPrime % m;
-    const uint32_t step = static_cast<uint32_t>(static_cast<unsigned long long>(kWarps) * a % m);
-    const uint32_t first_seg = static_cast<uint32_t>((static_cast<unsigned long long>(warp) * a + m / 2) % m);
-    const int rounds = static_cast<int>((m + kWarps - 1) / kWarps);
-    bool nan = false;
-    int n = 0;  // candidates in s.keys / s.idx
-    // The row's elements in the first round, when rounds > 1 (its kWarps segments are then distinct):
-    // whole segments but the span's first (`head` cells before the row) and its last (up to `span`).
-    int first_valid = 0;
-    for (uint32_t w = 0, g = m / 2; w < kWarps; ++w, g = g + a < m ? g + a : g + a - m)
-      first_valid += min(span - static_cast<int>(g) * kSeg, kSeg) - (g == 0 ? head : 0);
-    int compactions = 0, appended = 0, firsts = 0;  // the work record's counts (LR_WORK_RECORD builds only)
-
-    // One pass over the row, speculating; a pass that ends with fewer than top_k candidates (the bet
-    // lost: the row has fewer than top_k elements at or above the last threshold) or with more than the
-    // buffer holds (free rounds only) is followed by an exact one, which neither bets nor overflows and
-    // so is the last. n is the same in every thread, so the whole block decides alike.
-    int pass = 0;
+    // One pass over the row, speculating. The redo: a pass that ends with fewer than top_k candidates
+    // (the bet lost: the row has fewer than top_k elements at or above the last threshold) or with more
+    // than the buffer holds (free rounds only) is followed by an exact one, which neither bets nor
+    // overflows and so is the last. n is the same in every thread, so the whole block decides alike.
+    Tally tally;
+    int n = 0, pass = 0;
     for (; pass < 2; ++pass) {
-      const bool spec = pass == 0;
-      uint32_t seg = first_seg;
-      float t = __uint_as_float(0x7fffffffu);  // NaN: every element passes `!(x <= t)`
-      float t_later = t;  // the threshold from the second round on
-      n = 0;
-      bool free = false;  // the rounds run without barriers (set with a speculative first threshold)
-
-      // One round: filter this warp's segment and place the accepted elements; a synchronous round
-      // (one barrier) also compacts when the buffer is full (not after the last round: the final
-      // select does that).
-      auto process = [&](const uint4 (&v)[C::kVecs], int cur_seg, int round, auto free_rounds) {
-        const uint32_t valid = cur_seg >= 0 ? inside(cur_seg, head, span, lane) : 0u;
-        const uint32_t acc = valid & above(v, t);
-        if (round == 0) t = t_later;
-        const uint32_t cnt = __popc(acc);
-        const uint32_t incl = lr::warp_inclusive_sum(cnt, lane);
-        if constexpr (decltype(free_rounds)::value) {
-          // A free round: the threshold no longer moves, so a warp places its accepted elements with
-          // one shared atomic and no barrier, and no compaction follows. A warp whose elements would
-          // not fit in the buffer places none; the count then tells the pass to be redone exactly.
-          const uint32_t total = __shfl_sync(~0u, incl, lr::kWarp - 1);
-          uint32_t base = 0;
-          if (lane == lr::kWarp - 1 && total) base = atomicAdd(&s.count, total);
-          base = __shfl_sync(~0u, base, lr::kWarp - 1);
-          if (acc && base + total <= kCap)
-            nan |= append(s, v, acc, static_cast<int>(base + incl - cnt), cur_seg, head, lane);
-        } else {
-          uint32_t* counts = s.warp_count[round & 1];
-          if (lane == lr::kWarp - 1) counts[warp] = incl;
-          __syncthreads();
-          int pos = n + static_cast<int>(incl - cnt), total = 0;
-#pragma unroll
-          for (int w = 0; w < kWarps; ++w) {
-            const int c = static_cast<int>(counts[w]);
-            pos += w < warp ? c : 0;
-            total += c;
-          }
-          if (acc) nan |= append(s, v, acc, pos, cur_seg, head, lane);
-          n += total;
-          if constexpr (lr::kWorkRecord) appended += total;
-          if (n >= top_k + C::kB2 && round + 1 < rounds) {
-            n = compact(s, n, spec ? keep_rank(top_k, min((round + 1) * kRound, span), span) : top_k, top_k, t);
-            if constexpr (lr::kWorkRecord) ++compactions;
-          }
-        }
-      };
-
-      // The next round's loads are in flight (in registers) while a round is processed: `ahead` is
-      // copied out only when its own data is needed, never moved while its load is still in flight.
-      uint4 ahead[C::kVecs];
-      int ahead_seg;
-      auto issue = [&](int round) {
-        ahead_seg = round * kWarps + warp < static_cast<int>(m) ? static_cast<int>(seg) : -1;
-        if (ahead_seg >= 0) load(ahead, base, ahead_seg, span, lane);
-        seg += step;
-        if (seg >= m) seg -= m;
-      };
-      issue(0);
-
-      // The first threshold comes from the first round's own registers, when it holds at least r
-      // elements of the row, instead of taking that round whole and compacting it: the round's rank-r
-      // key, to kFirstBits bits (a lower bound). With r = top_k that threshold loses nothing;
-      // with the speculative rank it is the bet of a speculative compaction, and the rounds can then
-      // run free: with a threshold that close to the row's k-th value later rounds add few
-      // candidates, so the buffer takes them all without a compaction, and a row where it would not
-      // is redone exactly. Done before the round loop, whose registers it would otherwise crowd.
-      const int first_rank = spec ? keep_rank(top_k, kRound, span) : top_k;
-      if (rounds > 1 && first_rank <= first_valid) {
-        if (tid == 0) s.count = 0;  // published by the select's first barrier
-        const uint32_t valid = inside(ahead_seg, head, span, lane);
-        const lr::SelectRule rule = lr::radix_select_rule<kThreads, kFirstBits>(
-            [&](auto&& f) {
-#pragma unroll
-              for (int e = 0; e < kPerThread; ++e)
-                if (valid >> e & 1u) f(lr::f32_key(element<T>(ahead[e / kVec], e % kVec)));
-            },
-            first_rank, s.sel);
-        t = t_later = at_or_above(rule.prefix);
-        // At least top_k of the round's keys at or above the prefix (ties, constant rows): it is then
-        // the round's k-th key too, nothing is bet, and as after an exact compaction no later element
-        // equal to it is needed, so later rounds do not take the ties in.
-        if (rule.not_below(first_rank) >= top_k)
-          t_later = key_to_f32(rule.prefix);
-        free = spec;
-        if constexpr (lr::kWorkRecord) ++firsts;
-      }
-      // The re-bet after free round `round` (see the header); false: the buffer overflowed, stop the
-      // pass. s.count is the same in every thread after the barrier, so the whole block decides alike.
-      auto rebet = [&](int round) {
-        __syncthreads();  // every warp's appends and count of rounds [0, round]
-        const uint32_t c = s.count;
-        if (c > static_cast<uint32_t>(kCap)) return false;
-        const int seen = min((round + 1) * kRound, span);
-        const int rank = keep_rank(top_k, seen, span);
-        if (static_cast<long long>(c) * rounds > static_cast<long long>(round + 1) * (kCap / 2) &&
-            static_cast<int>(c) > rank) {
-          const int keep = compact(s, static_cast<int>(c), rank, top_k, t);
-          if constexpr (lr::kWorkRecord) {
-            appended += static_cast<int>(c) - keep;  // the end adds the final count, `keep` included
-            ++compactions;
-          }
-          if (tid == 0) s.count = static_cast<uint32_t>(keep);
-          __syncthreads();  // later appends go after the kept candidates
-        }
-        return true;
-      };
-      const int rebet_round = rounds >= kRebetRounds ? rounds / kRebetDiv : -1;
-      // The round loop, compiled once per kind of round so that each gets its own registers.
-      auto all_rounds = [&](auto free_rounds) {
-        for (int round = 0; round < rounds; ++round) {
-          uint4 v[C::kVecs];
-#pragma unroll
-          for (int q = 0; q < C::kVecs; ++q) v[q] = ahead[q];
-          const int cur_seg = ahead_seg;
-          issue(round + 1);
-          process(v, cur_seg, round, free_rounds);
-          if constexpr (decltype(free_rounds)::value) {
-            if (round == rebet_round && !rebet(round)) break;
-          }
-        }
-      };
-      if (free)
-        all_rounds(std::true_type{});
-      else
-        all_rounds(std::false_type{});
-      if (free) {
-        __syncthreads();  // every warp's candidates and count
-        n = static_cast<int>(min(s.count, static_cast<uint32_t>(kCap) + 1u));
-        if constexpr (lr::kWorkRecord) appended += static_cast<int>(s.count);
-      }
+      n = read(s, row, len, pass == 0, tally, top_k);
       if (n >= top_k && n <= kCap) break;
       __syncthreads();  // every thread is done with this pass's counts and candidates
     }
     if constexpr (lr::kWorkRecord) {
-      if (tid == 0) lr::add_work(lr::status_work(status) + r, compactions, appended, pass, firsts);
+      if (threadIdx.x == 0)
+        lr::add_work(lr::status_work(status) + r, tally.compactions, tally.appended, pass, tally.firsts);
     }
 
-    __syncthreads();  // the last appends are visible
-    const lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, top_k, s.sel);
-    if (tid == 0) s.sel.emitted = 0;
-    lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel,
-                                    [&](int i) { out_row[lr::claim(&s.sel.emitted)] = s.idx[i]; });
-    if (__syncthreads_or(nan) && tid == 0) lr::report_nan(status);
+    final_select(s, n, top_k, out + r * out_stride);
+    if (__syncthreads_or(tally.nan) && threadIdx.x == 0) lr::report_nan(status);
   }
 };
 
@@ -441,7 +536,7 @@ deepselect_kernel(const T* __restrict__ logits, long long row_stride, const int*
   DeepSelect<T, K_MAX, WIDE>::run(logits, row_stride, row_starts, row_ends, top_k, out, out_stride, status);
 }
 
-template <typename T, int K_MAX, bool WIDE = false>
+template <typename T, int K_MAX, bool WIDE>
 int launch(const void* logits, long long row_stride, const int* row_starts, const int* row_ends, int rows, int top_k,
            int* out, long long out_stride, LrStatus* status, cudaStream_t stream) {
   using D = DeepSelect<T, K_MAX, WIDE>;
@@ -452,19 +547,27 @@ int launch(const void* logits, long long row_stride, const int* row_starts, cons
   return cudaGetLastError() == cudaSuccess ? LR_OK : LR_ELAUNCH;
 }
 
+// One top_k class: its wide variant for rows of at least kWideStride elements where it has one.
+template <typename T, int K_MAX>
+int launch_class(const void* logits, long long row_stride, const int* row_starts, const int* row_ends, int rows,
+                 int top_k, int* out, long long out_stride, LrStatus* status, cudaStream_t stream) {
+  if constexpr (has_wide(K_MAX)) {
+    if (row_stride >= kWideStride)
+      return launch<T, K_MAX, true>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status,
+                                    stream);
+  }
+  return launch<T, K_MAX, false>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status,
+                                 stream);
+}
+
 template <typename T>
 int launch_for_k(const void* logits, long long row_stride, const int* row_starts, const int* row_ends, int rows,
                  int top_k, int* out, long long out_stride, LrStatus* status, cudaStream_t stream) {
-  const bool wide = row_stride >= kWideStride;
-  if (top_k <= 512)
-    return (wide ? launch<T, 512, true> : launch<T, 512, false>)(logits, row_stride, row_starts, row_ends, rows,
-                                                                  top_k, out, out_stride, status, stream);
-  if (top_k <= 1024)
-    return (wide ? launch<T, 1024, true> : launch<T, 1024, false>)(logits, row_stride, row_starts, row_ends, rows,
-                                                                    top_k, out, out_stride, status, stream);
-  if (top_k <= 2048)
-    return launch<T, 2048>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status, stream);
-  return launch<T, 4096>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status, stream);
+  auto* launch_k = top_k <= 512    ? launch_class<T, 512>
+                   : top_k <= 1024 ? launch_class<T, 1024>
+                   : top_k <= 2048 ? launch_class<T, 2048>
+                                   : launch_class<T, 4096>;
+  return launch_k(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status, stream);
 }
 
 constexpr int kMaxTopK = 4096;  // candidate buffers live in shared memory
