@@ -11,8 +11,9 @@ the others (upstream DeepSelect included) by `logitreplay replay`, which verifie
         --selectors 'bench.deepselect_ab:pre-rebet,bench.deepselect_ab:tree'
     python bench/deepselect_ab.py table seed-controls.json indexer.json         # medians and ratios
 
-`prepare` writes `.ds-variants/NAME/` (the sources and `source.json`: the revision and the sha256 of
-each file); `build` compiles every prepared folder for the current device; the factories
+`prepare` writes `.ds-variants/NAME/` (the sources, the config `deepselect.cu` includes where the
+revision has one, and `source.json`: the revision and the sha256 of each file); `build` compiles every
+prepared folder for the current device; the factories
 (`bench.deepselect_ab:NAME`, resolved by the module's `__getattr__`) load `NAME/deepselect.so`.
 `LR_DS_VARIANTS` names another folder than `.ds-variants`.
 """
@@ -33,22 +34,29 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 KERNEL_DIR = "logitreplay/selectors/cuda"
-FILES = ("deepselect.cu", "common.cuh", "topk_api.h")
+FILES = ("deepselect.cu", "common.cuh", "topk_api.h", "deepselect_config.h")
+# What a revision may lack: the config, whose constants revisions before it kept in deepselect.cu.
+OPTIONAL = ("deepselect_config.h",)
 
 
 def variants_dir() -> Path:
     return Path(os.environ.get("LR_DS_VARIANTS", ".ds-variants"))
 
 
-def source_bytes(rev: str, name: str) -> bytes:
+def source_bytes(rev: str, name: str) -> bytes | None:
     """`name` of the kernel folder at git revision `rev`, or in the working tree when `rev` is '.'; a
-    `rev` ending in .cu is a file that stands for deepselect.cu (the headers are the tree's)."""
+    `rev` ending in .cu is a file that stands for deepselect.cu (the headers are the tree's). None for an
+    OPTIONAL file the revision does not have."""
     if rev.endswith(".cu") and name == "deepselect.cu":
         return Path(rev).read_bytes()
     if rev == "." or rev.endswith(".cu"):
-        return (Path(KERNEL_DIR) / name).read_bytes()
-    show = ["git", "show", f"{rev}:{KERNEL_DIR}/{name}"]
-    return subprocess.run(show, capture_output=True, check=True).stdout
+        path = Path(KERNEL_DIR) / name
+        return path.read_bytes() if path.is_file() or name not in OPTIONAL else None
+    show = subprocess.run(["git", "show", f"{rev}:{KERNEL_DIR}/{name}"], capture_output=True)
+    if show.returncode != 0 and name in OPTIONAL:
+        return None
+    show.check_returncode()
+    return show.stdout
 
 
 def prepare(specs: list[str], root: Path) -> None:
@@ -61,6 +69,9 @@ def prepare(specs: list[str], root: Path) -> None:
         digests = {}
         for f in FILES:
             data = source_bytes(rev, f)
+            if data is None:
+                (folder / f).unlink(missing_ok=True)  # a folder prepared before from another revision
+                continue
             (folder / f).write_bytes(data)
             digests[f] = hashlib.sha256(data).hexdigest()
         commit = "working tree" if rev == "." or rev.endswith(".cu") else subprocess.run(

@@ -15,6 +15,7 @@ from logitreplay.selectors import build
 from logitreplay.selectors.cuda import build as cuda_build
 
 ROOT = Path(__file__).resolve().parents[1]
+BEFORE_CONFIG = "98d3233"  # the last deepselect.cu without deepselect_config.h
 
 # What ptxas prints for two functions with --resource-usage (the format of nvcc 13.0): a kernel
 # instantiation, and a device function that is not a kernel (left out of the report).
@@ -45,6 +46,10 @@ def test_a_variant_takes_every_source_from_its_revision(ab, tmp_path: Path) -> N
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
     ab.prepare(["head=HEAD", "tree=."], tmp_path / "variants")
+    if subprocess.run(["git", "cat-file", "-e", f"{BEFORE_CONFIG}^{{commit}}"], cwd=ROOT).returncode == 0:
+        ab.prepare([f"before={BEFORE_CONFIG}"], tmp_path / "variants")
+        before = json.loads((tmp_path / "variants" / "before" / "source.json").read_text())
+        assert set(before["sha256"]) == set(ab.FILES) - set(ab.OPTIONAL)  # its constants were in the .cu
     for f in ab.FILES:
         show = ["git", "show", f"HEAD:{ab.KERNEL_DIR}/{f}"]
         committed = subprocess.run(show, cwd=ROOT, capture_output=True, check=True).stdout

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from logitreplay.archive import Case
 from logitreplay.cli import main
+from logitreplay.selectors import provenance
 from logitreplay.selectors.cuda import abi, build
 from logitreplay.selectors.cuda.kernels import NativeCuda
 from logitreplay.selectors.upstream import loading
@@ -75,10 +76,26 @@ def test_cache_key_covers_sources_headers_flags_compiler_and_arch(monkeypatch: p
     assert build.cache_key("native", "sm_100a", "13.0.88") != key
     assert build.cache_key("native", "sm_90a", "13.1.0") != key
     assert build.cache_key("native", "sm_90a", "13.0.88", build.FLAGS + ("-G",)) != key
-    for header in (tmp_path / "common.cuh", tmp_path / "topk_api.h"):
+    for header in (tmp_path / "common.cuh", tmp_path / "topk_api.h", tmp_path / "native_config.h"):
         header.write_text(header.read_text() + "\n// changed\n")
         assert build.cache_key("native", "sm_90a", "13.0.88") != key
         key = build.cache_key("native", "sm_90a", "13.0.88")
+
+
+def test_a_config_change_is_a_kernel_change(tmp_path: Path) -> None:
+    """A kernel's config (cuda/<kernel>_config.h) is part of its sources: its cache key and the digests a
+    replay records, on CUDA and on CPU (whose models read it), all change with it."""
+    base = tmp_path / "selectors"
+    shutil.copytree(build.SOURCE_DIR, base / "cuda")
+    for f in provenance.CPU_MODELS:
+        shutil.copy(build.SOURCE_DIR.parent / f, base / f)
+    before = {kind: provenance.kernel_sources(kind, base) for kind in ("cuda", "cpu")}
+    config = base / "cuda" / "deepselect_config.h"
+    config.write_text(config.read_text().replace("kRebetRounds = 16;", "kRebetRounds = 17;"))
+    for kind in ("cuda", "cpu"):
+        after = provenance.kernel_sources(kind, base)
+        assert after["deepselect"] != before[kind]["deepselect"], kind
+        assert after["split"] == before[kind]["split"] or kind == "cuda"  # CUDA digests cover every header
 
 
 def test_unknown_kernel_is_named() -> None:

@@ -45,35 +45,40 @@ import numpy as np
 import torch
 
 from logitreplay.archive import Case
+from logitreplay.selectors import kernel_config
 
-NATIVE_BINS = 2048
-NATIVE_FINAL_ITEMS = 2048
-# The split kernel's plan (split.cu) on an H200: its grid (132 SMs, 2 blocks each), smallest chunk, key
-# cache and the most rows it splits. (tests/test_kernel_constants.py reads each from the kernel sources.)
-SPLIT_GRID = 264
-SPLIT_SHARE_DIV = 2  # kShareDiv: the least share of the grid the plan spreads elements over is grid / this
-SPLIT_MIN_CHUNK = 2048
-SPLIT_CACHE_BYTES = 96 << 10
-SPLIT_ROWS = 1024
-SPLIT_PLAN_ITEMS = 0xFFFF  # the items its plan indexes (split.cu's 16-bit PlanIndex)
-SPLIT_LISTED = 1024       # the coarse bucket keys an item lists in shared memory
-SPLIT_SLOT_LISTED = 3072  # a split row's, in its workspace slot, when its last part finishes it alone
-_SPLIT_WINDOW = (127 - 16) << 5  # split's coarse bins: (exponent, top 5 mantissa bits) of 2^-16
+# The kernels' constants come from their configs (cuda/<kernel>_config.h, through kernel_config.py), the
+# one copy the kernels include too.
+_NATIVE, _SPLIT, _DS = (kernel_config.load(k) for k in ("native", "split", "deepselect"))
+NATIVE_BINS = _NATIVE.constants["kBins"]
+NATIVE_FINAL_ITEMS = _NATIVE.constants["kFinal"]
+# The split kernel's plan on an H200: its grid (132 SMs, kBlocksPerSm blocks each), smallest chunk, key
+# cache and the most rows it splits.
+_H200_SMS = 132
+SPLIT_GRID = _H200_SMS * _SPLIT.constants["kBlocksPerSm"]
+SPLIT_SHARE_DIV = _SPLIT.constants["kShareDiv"]  # the least share of the grid the plan spreads elements over is grid / this
+SPLIT_MIN_CHUNK = _SPLIT.constants["kMinChunk"]
+SPLIT_CACHE_BYTES = _SPLIT.constants["kCacheBytes"]
+SPLIT_ROWS = _SPLIT.constants["kSplitRows"]
+SPLIT_PLAN_ITEMS = _SPLIT.constants["kPlanItems"]  # the items its plan indexes (split.cu's 16-bit PlanIndex)
+SPLIT_LISTED = _SPLIT.constants["kListed"]  # the coarse bucket keys an item lists in shared memory
+SPLIT_SLOT_LISTED = _SPLIT.constants["kSlotPairs"]  # a split row's, in its workspace slot, when its last part finishes it alone
+_SPLIT_WINDOW = _SPLIT.constants["kWindow"]  # split's coarse bins: (exponent, top 5 mantissa bits) of 2^-16
 _CHUNK_CELLS = 1 << 22
 _NO_KEY = -(2**31)  # below every key: marks cells that are not candidates
-_PERM_PRIME = 2654435761  # deepselect.cu's kPermPrime: its residue modulo m is coprime with m
-# deepselect.cu: the top_k classes (the wide variant for those up to DS_WIDE_MAX_K), rows of at least
-# DS_WIDE_STRIDE taking it, and the key bits its first threshold and its selects resolve, (fp32, bf16).
-DS_CLASSES = (512, 1024, 2048, 4096)
-DS_WIDE_MAX_K = 1024
-DS_WIDE_STRIDE = 16384
-DS_FIRST_BITS = (24, 16)
-DS_KEY_BITS = (32, 16)
-# deepselect.cu's re-bet in free rounds: rows of at least DS_REBET_ROUNDS rounds look at their buffer
-# after round rounds // DS_REBET_DIV, and cut it back speculatively when it is on course for more than
-# half its capacity (or stop the pass there when it already overflowed).
-DS_REBET_ROUNDS = 16
-DS_REBET_DIV = 8
+_PERM_PRIME = _DS.constants["kPermPrime"]  # its residue modulo m is coprime with m
+# deepselect: its top_k classes (and those with a wide variant), rows of at least DS_WIDE_STRIDE taking
+# the wide one, and the key bits its first threshold and its selects resolve, (fp32, bf16).
+DS_CLASSES = tuple(c["k_max"] for c in _DS.tables["kClasses"])
+DS_WIDE_CLASSES = tuple(c["k_max"] for c in _DS.tables["kWideClasses"])
+DS_WIDE_STRIDE = _DS.constants["kWideStride"]
+DS_FIRST_BITS = (_DS.constants["kFirstBitsF32"], _DS.constants["kFirstBitsBf16"])
+DS_KEY_BITS = (_DS.constants["kKeyBitsF32"], _DS.constants["kKeyBitsBf16"])
+# deepselect's re-bet in free rounds: rows of at least DS_REBET_ROUNDS rounds look at their buffer after
+# round rounds // DS_REBET_DIV, and cut it back speculatively when it is on course for more than half its
+# capacity (or stop the pass there when it already overflowed).
+DS_REBET_ROUNDS = _DS.constants["kRebetRounds"]
+DS_REBET_DIV = _DS.constants["kRebetDiv"]
 
 
 @dataclass
@@ -377,13 +382,16 @@ class DeepSelectConfig:
 
 
 def deepselect_config(top_k: int, row_stride: int) -> DeepSelectConfig:
-    """The kernel's configuration for this top_k and row stride (deepselect.cu's Config, kWideStride)."""
+    """The kernel's configuration for this top_k and row stride: the first class of deepselect_config.h
+    whose k_max is at least top_k (the last takes the rest), its wide row where the stride is at least
+    DS_WIDE_STRIDE and the class has one."""
     k_max = next(c for c in DS_CLASSES if top_k <= c or c == DS_CLASSES[-1])
-    wide = row_stride >= DS_WIDE_STRIDE and k_max <= DS_WIDE_MAX_K
-    cfg = DeepSelectConfig(k_max, 16 if wide else 8, 16 if k_max == 4096 else 8, max(1024, k_max))
+    wide = row_stride >= DS_WIDE_STRIDE and k_max in DS_WIDE_CLASSES
+    row = next(c for c in _DS.tables["kWideClasses" if wide else "kClasses"] if c["k_max"] == k_max)
+    cfg = DeepSelectConfig(k_max, row["elems"], row["threads"] // 32, row["b2"])
     # The narrow variant of a class with a wide one serves rows shorter than DS_WIDE_STRIDE (in rows that do
     # not overlap): too few rounds for a re-bet, and the kernel compiles it without one.
-    narrow_only = not wide and k_max <= DS_WIDE_MAX_K and DS_WIDE_STRIDE // cfg.round + 1 < DS_REBET_ROUNDS
+    narrow_only = not wide and k_max in DS_WIDE_CLASSES and DS_WIDE_STRIDE // cfg.round + 1 < DS_REBET_ROUNDS
     return replace(cfg, rebets=not narrow_only)
 
 
@@ -410,10 +418,11 @@ def _round_columns(cfg: DeepSelectConfig, lengths: torch.Tensor, heads: torch.Te
 
 def keep_rank(top_k: int, seen: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
     """deepselect.cu's speculative rank after `seen` of a row's `length` elements: of the row's top_k
-    about mu = top_k * seen / length were seen, and the rank mu + 4 sqrt(mu) + 16 (at most top_k) is
-    with overwhelming probability still at or below the row's k-th value."""
+    about mu = top_k * seen / length were seen, and the rank mu + kRankSigmas sqrt(mu) + kRankExtra (at
+    most top_k) is with overwhelming probability still at or below the row's k-th value."""
     mu = torch.tensor(top_k, dtype=torch.float32) * seen.float() / length.clamp(min=1).float()
-    return torch.ceil(mu + 4 * mu.sqrt() + 16).clamp(max=top_k).to(torch.int64)  # fp32, as the kernel
+    sigmas, extra = _DS.constants["kRankSigmas"], _DS.constants["kRankExtra"]
+    return torch.ceil(mu + sigmas * mu.sqrt() + extra).clamp(max=top_k).to(torch.int64)  # fp32, as the kernel
 
 
 def deepselect_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,

@@ -27,13 +27,14 @@ BUNDLED = ("native", "deepselect", "split")
 DISPATCHERS = ("auto",)
 # The Python that builds (flags, architecture), binds and launches (grid, workspace) the CUDA kernels.
 CUDA_LAUNCH = ("cuda/abi.py", "cuda/build.py", "cuda/kernels.py")
-CPU_MODELS = ("cpu_models.py",)
+# The CPU models, and the reader of the kernels' configs they take their constants from.
+CPU_MODELS = ("cpu_models.py", "kernel_config.py")
 
 
 def kernel_files(name: str, device_kind: str, base: Path = PACKAGE) -> list[str]:
     """The files (relative to `base`) that define bundled kernel `name` on `device_kind` ("cuda" or "cpu")."""
     if device_kind != "cuda":
-        return list(CPU_MODELS)
+        return [*CPU_MODELS, f"cuda/{name}_config.h"]
     headers = sorted(p.relative_to(base).as_posix() for pattern in ("cuda/*.cuh", "cuda/*.h")
                      for p in base.glob(pattern))
     return [f"cuda/{name}.cu", *headers, *CUDA_LAUNCH]

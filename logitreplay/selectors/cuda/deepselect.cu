@@ -54,76 +54,87 @@
 //
 // Entry points, workspace and status: see topk_api.h.
 
+#include <iterator>
+
 #include "common.cuh"
+#include "deepselect_config.h"
 #include "topk_api.h"
 
 namespace {
 
+namespace cfg = deepselect_config;
+
 // ------------------------------------------------------------------------------------------ tunables
-// Chosen per (dtype, top_k class) from bench/deepselect_tune.py on an H200 (results in bench/RESULTS.md).
-// Each can be overridden at build time (-DLR_DS_<NAME>=v) for that sweep, for every class at once.
-//   kThreads  threads per block (one block per row)
-//   kElems    elements per thread per round (kVecs 16-byte loads: 4 fp32 or 8 bf16 elements each)
-//   kB2       candidates appended since the last compaction that trigger the next one
-//   kBlocks   blocks per multiprocessor the register budget is sized for (__launch_bounds__)
-// WIDE: rows of at least kWideStride elements (judged by the row stride, since the bounds stay on the
-// device), where longer rounds pay; only the classes up to 1024 have a wide variant.
+// Per top_k class, from deepselect_config.h (its kClasses and kWideClasses: what each field means, and
+// why). Each can be overridden at build time (-DLR_DS_<NAME>=v) for the sweep of bench/deepselect_tune.py,
+// for every class at once: kThreads, kElems, kB2, kBlocks and kWideStride.
 #ifdef LR_DS_WIDE_STRIDE
 constexpr long long kWideStride = LR_DS_WIDE_STRIDE;
 #else
-constexpr long long kWideStride = 16384;
+constexpr long long kWideStride = cfg::kWideStride;
 #endif
+
+// Class K_MAX's row of deepselect_config.h: in kWideClasses for its wide variant.
+template <int K_MAX, bool WIDE>
+constexpr cfg::Class class_config() {
+  if constexpr (WIDE) {
+    for (const cfg::Class& c : cfg::kWideClasses)
+      if (c.k_max == K_MAX) return c;
+  } else {
+    for (const cfg::Class& c : cfg::kClasses)
+      if (c.k_max == K_MAX) return c;
+  }
+  return cfg::Class{};
+}
+
+// Whether class k_max has a wide variant, which rows of kWideStride or more elements take (launch_class).
+constexpr bool has_wide(int k_max) {
+  for (const cfg::Class& c : cfg::kWideClasses)
+    if (c.k_max == k_max) return true;
+  return false;
+}
 
 template <typename T, int K_MAX, bool WIDE>
 struct Config {
+  static constexpr cfg::Class kClass = class_config<K_MAX, WIDE>();
+  static_assert(kClass.k_max == K_MAX, "a class of deepselect_config.h");
 #ifdef LR_DS_THREADS
   static constexpr int kThreads = LR_DS_THREADS;
 #else
-  static constexpr int kThreads = K_MAX >= 4096 ? 512 : 256;
+  static constexpr int kThreads = kClass.threads;
 #endif
 #ifdef LR_DS_ELEMS
   static constexpr int kElems = LR_DS_ELEMS;
 #else
-  // 8 on short rows: fewer elements per round to rank for the first threshold, less shared memory, so
-  // more blocks per SM; 16 on wide rows.
-  static constexpr int kElems = WIDE ? 16 : 8;
+  static constexpr int kElems = kClass.elems;
 #endif
   static constexpr int kVecs = kElems * static_cast<int>(sizeof(T)) / 16;
 #ifdef LR_DS_B2
   static constexpr int kB2 = LR_DS_B2;
 #else
-  static constexpr int kB2 = K_MAX < 1024 ? 1024 : K_MAX;
+  static constexpr int kB2 = kClass.b2;
 #endif
 #ifdef LR_DS_BLOCKS
   static constexpr int kBlocks = LR_DS_BLOCKS;
 #else
-  // Close to what the shared memory admits (about 34, 41, 64 and 128 KB for the four classes, 49 and
-  // 57 KB wide): occupancy pays even at the price of a few spilled registers.
-  static constexpr int kBlocks = WIDE ? (K_MAX <= 512 ? 4 : 3) : K_MAX <= 1024 ? 5 : K_MAX <= 2048 ? 3 : 1;
+  static constexpr int kBlocks = kClass.blocks;
 #endif
 };
 
 // The speculative rank of a compaction after `seen` of a row's `len` elements: of the row's top_k, about
 // mu = top_k * seen / len lie in what was seen (hypergeometric, standard deviation below sqrt(mu)), so
-// the rank-r key of the candidates, with r four deviations and 16 above mu, is with overwhelming
-// probability still at or below the row's k-th largest: a much higher threshold than the k-th of what
-// was seen, which is what the exact rule uses. The margin's constants were chosen on simulated rows of
-// normal, tied, constant, sorted and trending values.
+// the rank-r key of the candidates, with r kRankSigmas deviations and kRankExtra above mu, is with
+// overwhelming probability still at or below the row's k-th largest: a much higher threshold than the
+// k-th of what was seen, which is what the exact rule uses.
 __device__ __forceinline__ int keep_rank(int top_k, int seen, int len) {
   const float mu = static_cast<float>(top_k) * static_cast<float>(seen) / static_cast<float>(len);
-  return min(top_k, static_cast<int>(ceilf(mu + 4.0f * sqrtf(mu) + 16.0f)));
+  constexpr float kSigmas = cfg::kRankSigmas, kExtra = cfg::kRankExtra;
+  return min(top_k, static_cast<int>(ceilf(mu + kSigmas * sqrtf(mu) + kExtra)));
 }
 
 // The re-bet of free rounds (see the header): rows of at least kRebetRounds rounds, after round
-// rounds / kRebetDiv.
-constexpr int kRebetRounds = 16;
-constexpr int kRebetDiv = 8;
-
-// The top_k classes with a wide variant, which rows of kWideStride or more elements take (launch_class).
-constexpr bool has_wide(int k_max) { return k_max <= 1024; }
-
-// A prime above any segment count (fewer than 2^31 / 128): its residue modulo m is coprime with m.
-constexpr uint32_t kPermPrime = 2654435761u;
+// rounds / kRebetDiv. The visit order's prime: kPermPrime.
+using cfg::kPermPrime, cfg::kRebetDiv, cfg::kRebetRounds;
 
 // Inverse of lr::f32_key: the float whose key is `key`.
 __device__ __forceinline__ float key_to_f32(uint32_t key) {
@@ -156,8 +167,8 @@ struct DeepSelect {
   static constexpr int kSeg = lr::kWarp * kPerThread;        // elements per segment (a warp's share)
   static constexpr int kRound = kWarps * kSeg;               // elements per round
   static constexpr int kCap = K_MAX + C::kB2 + kRound;       // candidates never reach this
-  static constexpr int kKeyBits = sizeof(T) == 4 ? 32 : 16;  // key bits that carry information
-  static constexpr int kFirstBits = sizeof(T) == 4 ? 24 : 16;  // key bits the first threshold resolves
+  static constexpr int kKeyBits = sizeof(T) == 4 ? cfg::kKeyBitsF32 : cfg::kKeyBitsBf16;  // that carry information
+  static constexpr int kFirstBits = sizeof(T) == 4 ? cfg::kFirstBitsF32 : cfg::kFirstBitsBf16;  // the first threshold's
   static_assert(kPerThread <= 32, "one bit per element of a thread's round in a 32-bit mask");
   // Whether a row of this variant can reach the re-bet: the narrow variant of a class with a wide one
   // serves rows shorter than kWideStride only (at most kWideStride / kRound + 1 rounds), and compiled
@@ -560,17 +571,23 @@ int launch_class(const void* logits, long long row_stride, const int* row_starts
                                  stream);
 }
 
-template <typename T>
+// The launch of the first class from the I-th of kClasses on whose k_max is at least top_k (the last
+// class takes every larger top_k).
+template <typename T, size_t I = 0>
 int launch_for_k(const void* logits, long long row_stride, const int* row_starts, const int* row_ends, int rows,
                  int top_k, int* out, long long out_stride, LrStatus* status, cudaStream_t stream) {
-  auto* launch_k = top_k <= 512    ? launch_class<T, 512>
-                   : top_k <= 1024 ? launch_class<T, 1024>
-                   : top_k <= 2048 ? launch_class<T, 2048>
-                                   : launch_class<T, 4096>;
-  return launch_k(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status, stream);
+  constexpr int kMax = cfg::kClasses[I].k_max;
+  if constexpr (I + 1 < std::size(cfg::kClasses)) {
+    if (top_k > kMax)
+      return launch_for_k<T, I + 1>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status,
+                                    stream);
+  }
+  return launch_class<T, kMax>(logits, row_stride, row_starts, row_ends, rows, top_k, out, out_stride, status,
+                               stream);
 }
 
-constexpr int kMaxTopK = 4096;  // candidate buffers live in shared memory
+// Candidate buffers live in shared memory: the last class's k_max is the most a launch selects.
+constexpr int kMaxTopK = cfg::kClasses[std::size(cfg::kClasses) - 1].k_max;
 
 }  // namespace
 

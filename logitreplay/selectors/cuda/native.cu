@@ -30,17 +30,14 @@
 //
 // Entry points, workspace and status: see topk_api.h.
 #include "common.cuh"
+#include "native_config.h"
 #include "topk_api.h"
 
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kBins = 2048;   // 11-bit passes; the last pass uses the low 1024
-constexpr int kFinal = 2048;  // a threshold bin this small is finished in shared memory
-// Upstream launches rows below this index with the insertion-sort finish, the rest with a radix sort.
-constexpr long long kRankRows = 12288;
-// Output slots live in dynamic shared memory (as upstream's): 4 bytes per slot, 64 KiB at most.
-constexpr int kMaxTopK = 16384;
+// The constants (block size, bins, the finish's limits): native_config.h.
+using native_config::kBins, native_config::kFinal, native_config::kMaxTopK, native_config::kRankRows,
+    native_config::kThreads;
 
 struct Smem {
   union {

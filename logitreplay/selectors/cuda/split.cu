@@ -62,59 +62,62 @@
 // refused on the host (kernels.py, from the rows, the columns and the cache). Alternatives measured and
 // not kept: bench/RESULTS.md, "Kernel history". Entry points, workspace and status: see topk_api.h.
 #include "common.cuh"
+#include "split_config.h"
 #include "topk_api.h"
 
-// Tunables, each overridable at build time (-DLR_SPLIT_<NAME>=v) for the sweep of
-// bench/deepselect_tune.py --family split; bench/RESULTS.md has the measurements behind the defaults.
+// The constants: split_config.h. Its tunables can each be overridden at build time (-DLR_SPLIT_<NAME>=v)
+// for the sweep of bench/deepselect_tune.py --family split.
 namespace {
+
+namespace cfg = split_config;
 
 #ifdef LR_SPLIT_THREADS
 constexpr int kThreads = LR_SPLIT_THREADS;
 #else
-constexpr int kThreads = 512;
+constexpr int kThreads = cfg::kThreads;
 #endif
 #ifdef LR_SPLIT_BLOCKS
 constexpr int kBlocksPerSm = LR_SPLIT_BLOCKS;
 #else
-constexpr int kBlocksPerSm = 2;  // the register budget of __launch_bounds__
+constexpr int kBlocksPerSm = cfg::kBlocksPerSm;
 #endif
 #ifdef LR_SPLIT_CACHE_KB
 constexpr int kCacheBytes = LR_SPLIT_CACHE_KB << 10;
 #else
-constexpr int kCacheBytes = 96 << 10;  // an item's keys kept in shared memory: the most that leaves 2 blocks per SM
+constexpr int kCacheBytes = cfg::kCacheBytes;
 #endif
 #ifdef LR_SPLIT_SHARE_DIV
 constexpr int kShareDiv = LR_SPLIT_SHARE_DIV;
 #else
-constexpr int kShareDiv = 2;  // with rows over grid / this, the plan spreads elements over grid / this
+constexpr int kShareDiv = cfg::kShareDiv;
 #endif
 #ifdef LR_SPLIT_UNROLL
 constexpr int kLoadUnroll = LR_SPLIT_UNROLL;
 #else
-constexpr int kLoadUnroll = 4;  // 16-byte loads in flight per thread while an item is loaded
+constexpr int kLoadUnroll = cfg::kLoadUnroll;
 #endif
 #ifdef LR_SPLIT_MIN_CHUNK
 constexpr int kMinChunk = LR_SPLIT_MIN_CHUNK;
 #else
-constexpr int kMinChunk = 2048;  // the fewest keys in an item of a split row: fewer cost more in barriers
+constexpr int kMinChunk = cfg::kMinChunk;
 #endif
 
-constexpr int kBins = 2048;  // 11-bit digits; shorter ones use the low bins
-constexpr int kSplitRows = 1024;  // more rows than this fill the GPU whole: rows are not split
+using cfg::kBins, cfg::kListed, cfg::kSlotPairs, cfg::kSplitRows, cfg::kWindow;
 constexpr int kMaxTopK = 1 << 20;      // output goes straight to global memory: no slot staging limit
 constexpr int kSortedTopK = kCacheBytes / 4;  // the deterministic build's: a row's indices sorted in the cache
 constexpr int kSlotHist = 4 * kBins;   // words of a slot's histograms: the coarse round and up to 3 digits
-constexpr int kListed = kBins / 2;     // an item's coarse bucket keys listed: keys, then their indices
-constexpr int kSlotPairs = (kSlotHist - kBins) / 2;  // a split row's, in its slot after the coarse histogram
+static_assert(2 * kListed <= kBins, "an item's listed keys and indices fit in its coarse histogram");
+static_assert(2 * kSlotPairs <= kSlotHist - kBins, "a split row's listed pairs fit after its coarse histogram");
 using PlanIndex = uint16_t;  // the plan's item indices (see Smem::first): at most 65535 items
+static_assert(static_cast<PlanIndex>(cfg::kPlanItems + 1) == 0, "kPlanItems is the largest PlanIndex");
 
 // ------------------------------------------------------------------------------------ the coarse bins
 // The first digit of every key (see the header comment): a monotone map of the order-preserving 32-bit
 // key, so the bins are ordered like the values and each bin is one interval of keys. It is computed from
 // the key rather than by rounding to fp16 (native's first pass) so that the sweeps over cached keys need
 // no value, and a bin's bounds are known exactly.
-constexpr uint32_t kWindow = (127 - 16) << 5;  // (exponent, top 5 mantissa bits) of 2^-16
-
+// 32 bins per octave of |x| from kWindow (split_config.h: 2^-16) on; smaller magnitudes share the
+// innermost bin of their sign, those of 2^16 and more the outermost.
 __device__ __forceinline__ uint32_t coarse_bin(uint32_t key) {
   const bool positive = key >> 31;
   const uint32_t magnitude = (positive ? key : ~key) & 0x7FFFFFFFu;  // the bits of |x|
