@@ -233,7 +233,7 @@ def test_the_work_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch,
 
 @needs_nvcc
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["native", "split"])
+@pytest.mark.parametrize("family", ["native", "deepselect", "split"])
 def test_the_deterministic_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                          family: str) -> None:
     """The `-det` selectors' build (DET_FLAGS) compiles, is cached apart from the default one under a name
@@ -245,6 +245,6 @@ def test_the_deterministic_build_is_a_library_of_its_own(monkeypatch: pytest.Mon
         det = build.build(family, "sm_90a", build.DET_FLAGS)
         assert plain != det and det.name.startswith(f"{family}-det-sm_90a-")
         bound = int(abi.entry_points(family, "sm_90a", build.DET_FLAGS)["max_top_k"](abi.LR_F32))
-        assert bound == {"native": 16384, "split": 96 * 1024 // 4}[family]
+        assert bound == {"native": 16384, "deepselect": 4096, "split": 96 * 1024 // 4}[family]
     finally:
         abi.entry_points.cache_clear()

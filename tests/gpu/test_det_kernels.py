@@ -29,8 +29,6 @@ KERNELS = {"native-det": NativeCuda, "split-det": SplitCuda, "deepselect-det": D
 
 def assert_deterministic_lowest_first(family: type[CudaKernel], case: Case) -> None:
     sel = family(deterministic=True)
-    if not sel.has_deterministic_mode:
-        pytest.skip(f"{sel.name}.cu has no deterministic mode yet")
     assert verify_kernel(sel, case) == []
     p = launched(sel, case)
     found = rerun(p.launch, p.output, RUNS, DEVICE)

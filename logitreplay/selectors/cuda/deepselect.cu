@@ -50,6 +50,15 @@
 // re-bet `rebet` between their two runs) or the synchronous ones (`rounds`); the redo (a second, exact
 // pass, from `run`); and the final select (`final_select`).
 //
+// The deterministic build (common.cuh, -DLR_DETERMINISTIC) keeps every candidate tied at the k-th key
+// in the buffer, so that the final select can take the lowest-index ones: every threshold lets the keys
+// equal to it in (at_or_above, where the default build raises it past an exact k-th key), and a
+// compaction keeps the lowest-index ties (a tie it drops has a higher index than the ones it keeps, which
+// still outnumber the ties the row needs in the end). The final select's indices are then sorted in
+// `kept_idx` and written in index order. The cost falls on rows tied at the k-th value: their ties keep
+// entering, so the free rounds overflow and the row is redone, and the exact pass compacts once per kB2
+// tied elements it meets (a ReLU plateau of zeros: about the row's length / kB2 compactions).
+//
 // Alternatives measured and not kept: bench/RESULTS.md, "Kernel history".
 //
 // Entry points, workspace and status: see topk_api.h.
@@ -238,7 +247,7 @@ struct DeepSelect {
     const int keep = exact ? top_k : not_below;
     rule.ties += static_cast<uint32_t>(keep - rank);  // <= rule.count: more of the prefix bucket
     if (threadIdx.x == 0) s.sel.emitted = 0;  // published by the apply's first barrier
-    lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel, [&](int i) {
+    lr::smem_select_apply<kThreads>(s.keys, [&](int i) { return s.idx[i]; }, n, rule, s.sel, [&](int i) {
       const uint32_t slot = lr::claim(&s.sel.emitted);
       s.kept_keys[slot] = s.keys[i];
       s.kept_idx[slot] = s.idx[i];
@@ -249,8 +258,9 @@ struct DeepSelect {
       s.keys[i] = s.kept_keys[i];
       s.idx[i] = s.kept_idx[i];
     }
-    // Exact: a lower bound of the k-th largest key. Speculative: the prefix's own value enters too.
-    t = fmaxf(t, exact ? key_to_f32(rule.prefix) : at_or_above(rule.prefix));
+    // Exact: a lower bound of the k-th largest key. Speculative (and the deterministic build's, whose
+    // ties must keep entering): the prefix's own value enters too.
+    t = fmaxf(t, exact && !lr::kDeterministic ? key_to_f32(rule.prefix) : at_or_above(rule.prefix));
     return keep;
   }
 
@@ -426,7 +436,7 @@ struct DeepSelect {
     // At least top_k of the round's keys at or above the prefix (ties, constant rows): it is then the
     // round's k-th key too, nothing is bet, and as after an exact compaction no later element equal to
     // it is needed, so later rounds do not take the ties in.
-    if (rule.not_below(rank) >= top_k) p.t_later = key_to_f32(rule.prefix);
+    if (!lr::kDeterministic && rule.not_below(rank) >= top_k) p.t_later = key_to_f32(rule.prefix);
     if constexpr (lr::kWorkRecord) ++tally.firsts;
     return p.spec;
   }
@@ -493,13 +503,20 @@ struct DeepSelect {
   }
 
   // The final select: the top_k of the n candidates, their indices written to the row's output (in the
-  // order the apply emits them).
+  // order the apply emits them; the deterministic build's the lowest-index ties, sorted in kept_idx).
   __device__ static void final_select(Smem& s, int n, int top_k, int* out_row) {
     __syncthreads();  // the last appends are visible
     const lr::SelectRule rule = lr::smem_select_rule<kThreads, kKeyBits>(s.keys, n, top_k, s.sel);
     if (threadIdx.x == 0) s.sel.emitted = 0;
-    lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel,
-                                    [&](int i) { out_row[lr::claim(&s.sel.emitted)] = s.idx[i]; });
+    if constexpr (lr::kDeterministic) {
+      lr::smem_select_apply<kThreads>(s.keys, [&](int i) { return s.idx[i]; }, n, rule, s.sel,
+                                      [&](int i) { s.kept_idx[lr::claim(&s.sel.emitted)] = s.idx[i]; });
+      lr::block_sort_ascending<kThreads>(s.kept_idx, top_k);
+      for (int i = threadIdx.x; i < top_k; i += kThreads) out_row[i] = s.kept_idx[i];
+    } else {
+      lr::smem_select_apply<kThreads>(s.keys, n, rule, s.sel,
+                                      [&](int i) { out_row[lr::claim(&s.sel.emitted)] = s.idx[i]; });
+    }
   }
 
   __device__ static void run(const T* __restrict__ logits, long long row_stride, const int* __restrict__ row_starts,

@@ -60,12 +60,8 @@ class CudaKernel:
     the deterministic build (build.DET_FLAGS: lowest indices among the ties, ascending index order)."""
 
     name: str
-    # Whether the family's source has the deterministic mode (a build without it would be the default
-    # kernel under a `-det` name).
-    has_deterministic_mode = True
 
     def __init__(self, work: bool = False, deterministic: bool = False) -> None:
-        self.deterministic = deterministic
         self.extra = (build.WORK_FLAGS if work else ()) + (build.DET_FLAGS if deterministic else ())
 
     def _entry_points(self) -> dict[str, Callable[..., int]]:
@@ -79,8 +75,6 @@ class CudaKernel:
     def supports(self, case: Case, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "a CUDA kernel: needs a CUDA device"
-        if self.deterministic and not self.has_deterministic_mode:
-            return f"{self.name}.cu has no deterministic mode yet (its CPU model has)"
         try:
             fns = self._entry_points()
         except SelectorError as e:
@@ -141,7 +135,6 @@ class DeepSelectCuda(CudaKernel):
     """DeepSeek's DeepSelect single-pass rising-threshold select, as our own kernel (`deepselect.cu`)."""
 
     name = "deepselect"
-    has_deterministic_mode = False
 
 
 class SplitCuda(CudaKernel):
