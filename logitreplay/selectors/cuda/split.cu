@@ -52,11 +52,12 @@
 // made by the order atomics ran in. A listed bucket holds every key of the row tied at the k-th (a bucket
 // is an interval of keys), so its finish is the select with the lowest-index ties. A bucket resolved to
 // one key value with more keys than the row still needs (ties at the k-th value) is not taken by the
-// emit: a whole row takes the lowest-index keys by an ordered sweep of its cached keys; a split row's
-// last part to leave takes them by an ordered sweep of the whole row from global memory (one block reads
-// the row once more: the cost of that path, paid only by split rows tied at the k-th value). Then the
-// block that finishes a row sorts its top_k indices in shared memory (the key cache) and writes them back
-// in index order, which bounds top_k by the cache (kCacheBytes / 4).
+// emit but by an ordered sweep of the item's cached keys (a block scan per 2048 keys), in index order;
+// a split row's parts, which hold consecutive ranges of it, first publish their counts of such keys in
+// the slot and wait for each other once more, so that each takes its own after the earlier parts'. Then
+// the block that finishes a row (a split row's last part to leave) sorts its top_k indices in shared
+// memory (the key cache) and writes them back in index order, which bounds top_k by the cache
+// (kCacheBytes / 4).
 //
 // Limit: the plan indexes items with 16 bits (PlanIndex); a launch whose plan could need more is
 // refused on the host (kernels.py, from the rows, the columns and the cache). Alternatives measured and
@@ -425,13 +426,15 @@ struct Split {
     for (int i = threadIdx.x; i < top_k; i += kThreads) out_row[i] = buf[i];
   }
 
-  // The deterministic build's choice among the `need` keys equal to `key` still to take (header comment):
-  // the lowest-index ones of the n keys key_at(i), i in [0, n), to tail[0 .. need).
+  // The deterministic build's choice among the keys equal to `key` (header comment): the lowest-index
+  // `need` of an item's n keys key_at(i), i in [0, n), the item starting at `first` in the row, to
+  // tail[0 .. need).
   template <typename KeyAt>
-  __device__ static void take_lowest(int n, uint32_t key, uint32_t need, int* tail, Smem& s, KeyAt&& key_at) {
+  __device__ static void take_lowest(int n, uint32_t key, uint32_t need, int first, int* tail, Smem& s,
+                                     KeyAt&& key_at) {
     lr::ordered_take<kThreads, 4>(
         n, need, s.scan, [&](int i) { return key_at(i) == key; },
-        [&](int i, uint32_t rank) { tail[rank] = i; });
+        [&](int i, uint32_t rank) { tail[rank] = first + i; });
   }
 
   // The threshold bin of this item's round-j histogram (s.hist, complete), over the whole row: a split
@@ -572,17 +575,31 @@ struct Split {
       emit(sweep, b_lo, b_hi, count, ties, out_row, s, [&](uint32_t, int i, uint32_t rank) {
         if (rank < need && !choose) tail[rank] = i;
       });
-    if (!split) {
-      if constexpr (lr::kDeterministic) {
-        if (choose)
-          take_lowest(n, b_lo, need, tail, s,
+    if constexpr (lr::kDeterministic) {
+      if (choose) {
+        uint32_t before = 0;  // the keys equal to the k-th in the parts before this one
+        if (split) {
+          // Round 0's histogram words are free: every part read them before the last round.
+          if (tid == 0) slot->hist[part] = s.local;  // this part's keys in the last round's bin: equal ones
+          arrive_and_wait(slot, static_cast<uint32_t>(parts * (rounds + 1)));
+          unsigned long long mine = 0, total = 0;
+          for (int q = tid; q < part; q += kThreads) mine += __ldcg(&slot->hist[q]);
+          block_exclusive_sum<kThreads>(mine, s.scratch, total);
+          before = static_cast<uint32_t>(total);
+        }
+        if (before < need)
+          take_lowest(n, b_lo, need - before, lo, tail + before, s,
                       [&](int i) { return i < kCache ? static_cast<uint32_t>(cache[i]) : K::key(lr::to_f32(src[i])); });
-        sort_row(out_row, top_k, reinterpret_cast<int*>(cache));
       }
+    }
+    if (!split) {
+      if constexpr (lr::kDeterministic) sort_row(out_row, top_k, reinterpret_cast<int*>(cache));
       return;
     }
+    // A part leaving: one arrival per round passed, one more for the deterministic build's tie counts.
+    const int arrivals = rounds + 1 + (choose ? 1 : 0);
     if (tid == 0)  // the last part sees the other parts' list entries
-      s.last = add_acq_rel(&slot->arrive, 1u) == static_cast<uint32_t>(parts * (rounds + 1) - 1);
+      s.last = add_acq_rel(&slot->arrive, 1u) == static_cast<uint32_t>(parts * arrivals - 1);
     __syncthreads();
     if (!s.last) return;
     // Every other part has left: finish the row's list, if it has one, and clear the slot for the next
@@ -596,11 +613,7 @@ struct Split {
       finish<kSlotPairs>(keys, t.count, need, tail, s);
       lr::smem_fill<kThreads>(list + kSlotPairs, static_cast<int>(t.count), 0u);
     }
-    if constexpr (lr::kDeterministic) {
-      if (choose)  // the other parts' caches are gone: the row is read again
-        take_lowest(len, b_lo, need, tail, s, [&](int i) { return K::key(lr::to_f32(row_in[i])); });
-      sort_row(out_row, top_k, reinterpret_cast<int*>(cache));
-    }
+    if constexpr (lr::kDeterministic) sort_row(out_row, top_k, reinterpret_cast<int*>(cache));
     lr::smem_fill<kThreads>(slot->hist, rounds * kBins + (listed && alone ? static_cast<int>(t.count) : 0), 0u);
     if (tid == 0) slot->arrive = slot->count = slot->ties = 0;
   }
