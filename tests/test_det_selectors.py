@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `--selector tests.plugins:...` imports from the repository root
 
 DET = ("native-det", "deepselect-det", "split-det")
+PLAIN = ("native", "deepselect", "split")
 COLS, TOP_K = 3000, 64
 
 
@@ -106,14 +107,16 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[ty
     archive.write(tie_heavy_case("ties-fp32"))
     archive.write(tie_heavy_case("ties-bf16", bf16=True))
     out = folder / "r.json"
-    res = CliRunner().invoke(main, ["replay", str(folder / "ties.zarr"), "--selectors", ",".join(("reference", *DET)),
+    res = CliRunner().invoke(main, ["replay", str(folder / "ties.zarr"), "--selectors",
+                                    ",".join(("reference", *PLAIN, *DET)),
                                     "--selector", "tests.plugins:make_lowest_first", "--determinism", "3",
                                     "--json", str(out)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
-def test_a_replay_reports_them_deterministic_lowest_first_and_agreeing_with_a_stable_selection(report: dict) -> None:  # type: ignore[type-arg]
+def test_a_replay_reports_them_deterministic_lowest_first_and_agreeing_with_a_stable_selection(
+        report: dict) -> None:  # type: ignore[type-arg]
     for case in report["cases"]:
         assert case["ties"]["rows_with_choice"] >= 5  # the tie-heavy rows offer a choice
         results = {r["selector"]: r for r in case["results"]}
@@ -124,3 +127,7 @@ def test_a_replay_reports_them_deterministic_lowest_first_and_agreeing_with_a_st
             assert r["determinism"]["deterministic"] and r["determinism"]["runs"] == 4
             assert r["tie_policy"] == "lowest"
             assert agree.get((name, "lowest-first"), agree.get(("lowest-first", name))) == 1.0
+        for name in PLAIN:  # the default modes are reported as they are: right values, some tie policy
+            r = results[name]
+            assert r["status"] == "ok" and r["determinism"] is not None, r
+            assert r["tie_policy"] in ("lowest", "highest", "none observed")
