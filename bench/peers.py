@@ -31,7 +31,8 @@ from logitreplay.selectors.upstream import catalog
 from logitreplay.selectors.upstream.base import note_version
 
 CLI = "import sys; from logitreplay.cli import main; sys.exit(main())"
-BUNDLED = ("native", "deepselect", "split", "auto")
+# The bundled selectors, each beside its deterministic mode (the cost of determinism as a ratio).
+BUNDLED = ("native", "native-det", "deepselect", "deepselect-det", "split", "split-det", "auto")
 # Every declared adapter, in name order; a run's columns are theirs (`columns`).
 PEERS = tuple(catalog.adapters())
 # `auto` dispatches by the rule fitted on the H200's replays (bench/decisions.py --fit). The 2026-12-03
@@ -94,7 +95,9 @@ def run(args: argparse.Namespace) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     selectors = ",".join((*BUNDLED, *columns(args.staged)))
-    extra = ["--rule", AUTO_RULE]
+    # --determinism 5: every verified column rerun five times under load (issue 38's report of each
+    # kernel: deterministic or not, beside its tie policy and agreement).
+    extra = ["--rule", AUTO_RULE, "--determinism", "5"]
     extra += (["--rounds", str(args.rounds)] if args.rounds else []) + \
         (["--warmup", str(args.warmup)] if args.warmup is not None else [])
     commands: dict[str, str] = {}
