@@ -121,7 +121,7 @@ SELECTORS = "logitreplay/selectors"  # the tree's bundled kernels and CPU models
 # Results no bundled kernel or CPU model made (codec speeds, the capture's overhead, copy bandwidth, test
 # tallies), or made from named revisions of a kernel, each column naming its commit (ptxas's resources
 # per revision): their tables carry no kernel mark.
-KERNEL_FREE = re.compile(r"(codecs\.txt|capture_overhead\.json|copy\.json|\.xml|deepselect-resources\.json)$")
+KERNEL_FREE = re.compile(r"(codecs\.txt|capture_overhead\.json|copy\.json|\.xml|deepselect(-phases)?-resources\.json)$")
 OLDER = "**Measured on an older kernel"
 
 
@@ -385,8 +385,18 @@ def deepselect_sweep(root: Path) -> str:
 
 @claim("deepselect-resources")
 def deepselect_resources(root: Path) -> str:
+    """The re-bet's spills: before it, with it, and the candidate that moved it out of the loop."""
+    return resources_table(root, "cpu-2026-12-05/deepselect-resources.json")
+
+
+@claim("deepselect-phases-resources")
+def deepselect_phases_resources(root: Path) -> str:
+    """DeepSelect::run split into its phases, the re-bet out of the free rounds' loop (issues 41, 43)."""
+    return resources_table(root, "cpu-2026-12-05/deepselect-phases-resources.json")
+
+
+def resources_table(root: Path, rel: str) -> str:
     """bench/deepselect_ab.py resources: ptxas's registers and spills per kernel class and revision."""
-    rel = "cpu-2026-12-05/deepselect-resources.json"
     d = load(root, rel)
     names = list(d["variants"])
     head = [f"{n} ({d['variants'][n]['source']['commit']})" for n in names]
