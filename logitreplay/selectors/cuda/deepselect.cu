@@ -324,14 +324,19 @@ struct DeepSelect {
     sp.span = len + sp.head;
     sp.base = reinterpret_cast<const uint4*>(row - sp.head);
     sp.m = static_cast<uint32_t>((sp.span + kSeg - 1) / kSeg);
+    // In 32 bits, since a 64-bit modulo is a call, whose live registers the whole kernel then pays for:
+    // a < m <= 2^31 / kSeg <= 2^24 and warp < kWarps <= 32, so warp * a + m / 2 < 2^30.
+    static_assert(kSeg >= 128 && kWarps <= 32, "the visit order's arithmetic fits 32 bits");
     const uint32_t a = kPermPrime % sp.m;
-    const unsigned long long warp = threadIdx.x / lr::kWarp;
-    sp.first = static_cast<uint32_t>((warp * a + sp.m / 2) % sp.m);
-    sp.step = static_cast<uint32_t>(static_cast<unsigned long long>(kWarps) * a % sp.m);
+    const uint32_t warp = threadIdx.x / lr::kWarp;
+    sp.first = (warp * a + sp.m / 2) % sp.m;
+    sp.step = static_cast<uint32_t>(kWarps) * a % sp.m;
     sp.rounds = static_cast<int>((sp.m + kWarps - 1) / kWarps);
     // The first round's kWarps segments are distinct when rounds > 1: whole segments but the span's first
-    // (`head` cells before the row) and its last (up to `span`).
+    // (`head` cells before the row) and its last (up to `span`). A loop, not unrolled: needed once per
+    // pass, its kWarps steps unrolled took registers the rounds need (ptxas: spills in the k2048 classes).
     sp.first_valid = 0;
+#pragma unroll 1
     for (uint32_t w = 0, g = sp.m / 2; w < kWarps; ++w, g = g + a < sp.m ? g + a : g + a - sp.m)
       sp.first_valid += min(sp.span - static_cast<int>(g) * kSeg, kSeg) - (g == 0 ? sp.head : 0);
     return sp;
