@@ -34,6 +34,7 @@ from tests.test_merge import tiny_archive
 ROOT = Path(__file__).resolve().parents[1]
 KILL_ENV = "LOGITREPLAY_TEST_KILL_CASE"
 KILL_RANK_ENV = "LOGITREPLAY_TEST_KILL_RANK"
+WITNESS_ENV = "LOGITREPLAY_TEST_WITNESS"
 
 
 def _rank_process() -> int:
@@ -72,6 +73,22 @@ def make_killer() -> _Killer:
     if os.environ.get(KILL_RANK_ENV) is not None and os.environ.get(KILL_RANK_ENV) == os.environ.get("RANK"):
         os.kill(os.getpid(), signal.SIGKILL)
     return _Killer()
+
+
+class _Witness(ReferenceSelector):
+    """The reference, writing a line `RANK pid case` to the file named in WITNESS_ENV for each case it
+    is asked about: which process of which rank replayed it."""
+
+    name = "witness"
+
+    def supports(self, case: Case, device: torch.device) -> str | None:
+        with open(os.environ[WITNESS_ENV], "a") as f:
+            f.write(f"{os.environ.get('RANK', '-')} {os.getpid()} {case.case_id}\n")
+        return super().supports(case, device)
+
+
+def make_witness() -> _Witness:
+    return _Witness()
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +152,63 @@ def test_four_cpu_ranks_give_the_single_process_report(archive: str, single: Rep
     assert all(r["device"] == "cpu" and r["gpu"] is None and r["lost"] == [] for r in four.ranks)
 
 
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+    """Two releases of one library family staged side by side (on CPU their adapters only say they need
+    CUDA) among plugins and a bundled selector: the `--selector` options of a replay that needs two
+    worker processes, the second holding the later release's selectors."""
+    root = tmp_path_factory.mktemp("staged")
+    old, new = root / "flashinfer-0.7.2.post1", root / "flashinfer-0.7.4"
+    old.mkdir()
+    new.mkdir()
+    specs = [f"flashinfer-ragged@{old}", "native", f"flashinfer-ragged@{new}", f"flashinfer-paged@{new}",
+             "tests.test_distributed:make_witness"]
+    return tuple(arg for spec in specs for arg in ("--selector", spec))
+
+
+WORKERS = [["reference", "killer", "flashinfer-ragged@flashinfer-0.7.2.post1", "native", "witness"],
+           ["flashinfer-ragged@flashinfer-0.7.4", "flashinfer-paged@flashinfer-0.7.4"]]
+
+
+@pytest.fixture(scope="module")
+def single_grouped(archive: str, releases: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory) -> ReplayResult:
+    tmp = tmp_path_factory.mktemp("grouped")
+    done = _replay(archive, tmp / "one.json", *releases, env={WITNESS_ENV: str(tmp / "witness")})
+    assert done.returncode == 0, done.stderr
+    return read_json(tmp / "one.json")
+
+
 @pytest.mark.slow
-def test_a_killed_rank_loses_only_its_case_in_progress(archive: str, single: ReplayResult, tmp_path: Path) -> None:
-    done = _replay(archive, tmp_path / "k.json", "--devices", "0,1", "--strict", env={KILL_ENV: "t3"})
+def test_ranks_run_one_worker_per_group_of_builds_and_give_the_single_process_report(
+        archive: str, releases: tuple[str, ...], single_grouped: ReplayResult, tmp_path: Path) -> None:
+    """As in a single process, the selectors run in as few workers as keep the two releases apart: on each
+    rank one worker for the first release with everything else, then one for the second."""
+    witness = tmp_path / "witness"
+    done = _replay(archive, tmp_path / "two.json", *releases, "--devices", "0,1", env={WITNESS_ENV: str(witness)})
+    assert done.returncode == 0, done.stderr
+    two = read_json(tmp_path / "two.json")
+    assert differences(single_grouped, two) == []
+    assert [r["workers"] for r in two.ranks] == [WORKERS, WORKERS]
+    assert any("the selectors ran in 2 processes" in n for n in two.notes), two.notes
+    seen = [line.split() for line in witness.read_text().splitlines()]
+    pids = {rank: {pid for r, pid, _ in seen if r == rank} for rank in ("0", "1")}
+    assert all(len(p) == 1 for p in pids.values()) and pids["0"] != pids["1"]  # one worker of it per rank
+    assert {rank: sorted(c for r, _, c in seen if r == rank) for rank in ("0", "1")} == \
+        {str(r["rank"]): sorted(r["cases"]) for r in two.ranks}
+    assert {r.status for c in two.cases for r in c.results} == {"ok", "unsupported"}
+    _check_ranks(two, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-worker", "two-workers"])
+def test_a_killed_rank_loses_only_its_case_in_progress(archive: str, grouped: bool, releases: tuple[str, ...],
+                                                       request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Whether a rank's selectors run in one worker (each case stored as it finishes) or several one
+    after another (its cases stored when its share is done, the killed rank's share replayed again)."""
+    single: ReplayResult = request.getfixturevalue("single_grouped" if grouped else "single")
+    extra = releases if grouped else ()
+    done = _replay(archive, tmp_path / "k.json", *extra, "--devices", "0,1", "--strict",
+                   env={KILL_ENV: "t3", WITNESS_ENV: str(tmp_path / "witness")})
     assert done.returncode == 1 and "--strict: 1 failed, errored or invalid: t3 (invalid)" in done.stderr
     report = read_json(tmp_path / "k.json")
     lost = next(c for c in report.cases if c.case_id == "t3")

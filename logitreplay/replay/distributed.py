@@ -12,13 +12,15 @@ its share, waits for the others, and joins the runs with `run.merge_runs` into t
 process would have written, plus a `ranks` section (which rank, host and GPU replayed which case).
 
 A selector that kills its process costs only its own result on that case already: `run_replay` runs
-the selectors in worker processes it supervises. A rank's own process can die too (the out-of-memory
-killer, a kill), and no launcher keeps the others going after that (torchrun stops every worker), so
-each rank runs its replay in a child process under a supervisor (`supervise`: torchrun's worker, or
-`launch` for all ranks at once). When the child dies with cases left, the supervisor records why and
-starts another, which marks the case it died in as lost and goes on with the next. A child that dies
-before starting any case is not restarted: its remaining cases are reported lost. `--strict` still
-decides the exit status: a lost case is invalid.
+the selectors in worker processes it supervises (`run.worker_groups`: a rank's are a plain replay's).
+A rank's own process can die too (the out-of-memory killer, a kill), and no launcher keeps the others
+going after that (torchrun stops every worker), so each rank runs its replay in a child process under a
+supervisor (`supervise`: torchrun's worker, or `launch` for all ranks at once). When the child dies
+with cases left, the supervisor records why and starts another, which marks the case it died in as
+lost and goes on with the next (with several workers one after another, whose cases are stored when
+the share is done: with the rest of the share again). A child that dies before starting any case is
+not restarted: its remaining cases are reported lost. `--strict` still decides the exit status: a
+lost case is invalid.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ from logitreplay.replay.run import (
     resolve,
     run_replay,
     terminate_as_interrupt,
+    worker_groups,
 )
 from logitreplay.replay.sources import EntryCost, case_costs
-from logitreplay.selectors.registry import needs_own_process
 
 CHILD_ENV = "LOGITREPLAY_RANK_CHILD"  # set in the child a supervisor starts: it replays, not supervises
 _PREFIX = "logitreplay/replay"
@@ -187,12 +189,15 @@ def _replay_share(store: Any, rank: int, config: ReplayConfig, share: list[int],
         store.set(f"at/{rank}", "")
     remaining = [p for p in share if not store.check([f"case/{p}"])]
     gpu: str | None = None
+    workers: list[list[str]] = []  # the selectors of each worker process this child ran, in order
     if remaining:
-        # A run of one selector at a time yields each selector's results apart: stored when it returns.
-        alone = config.isolate or config.timeout_s is not None or needs_own_process(list(config.selectors))
+        # One worker yields each case's whole result: stored as it comes. Several workers one after another
+        # (builds kept apart, or --isolate) each yield their selectors' part: the cases are stored when the
+        # run returns. Either way the case in progress is in the store before each worker starts it.
+        groups = worker_groups(config)
         try:
-            run = run_replay(replace(config, case_indices=tuple(remaining)), progress if alone else
-                             lambda items, n, label: progress(_tracked(store, rank, remaining, items), n, label))
+            run = run_replay(replace(config, case_indices=tuple(remaining)), lambda items, n, label: progress(
+                _tracked(store, rank, remaining, items, len(groups) == 1), n, label))
         except ReplayInterrupted as stop:  # keep what this rank finished for rank 0's partial report
             _store_cases(store, stop.run)
             store.set(f"stopped/{rank}", stop.signal)
@@ -200,8 +205,9 @@ def _replay_share(store: Any, rank: int, config: ReplayConfig, share: list[int],
         _store_cases(store, run)
         store.set(f"run/{rank}", json.dumps(replace(run.result, cases=[]).to_json()))
         gpu = run.result.environment.get("gpu")
+        workers = [[run.result.selectors[i] for i in g] for g in groups]
     record = {"rank": rank, "host": socket.gethostname(), "device": config.device, "gpu": gpu,
-              "cases": [ids[p] for p in share], "lost": lost}
+              "cases": [ids[p] for p in share], "lost": lost, **({"workers": workers} if workers else {})}
     store.set(f"rank/{rank}", json.dumps(record))
     store.set(f"done/{rank}", "1")
 
@@ -214,11 +220,13 @@ def _store_cases(store: Any, run: ReplayRun) -> None:
             store.set(f"case/{place}", json.dumps(case.to_json()))
 
 
-def _tracked(store: Any, rank: int, places: list[int], items: Iterable[tuple[int, CaseResult]]
+def _tracked(store: Any, rank: int, places: list[int], items: Iterable[tuple[int, CaseResult]], whole: bool
              ) -> Iterator[tuple[int, CaseResult]]:
-    """`run_replay`'s (index, result) pairs of a run of all selectors together over `places` (one per
-    case, in order), with the place in progress in the store before each case is computed and each
-    result stored as it comes."""
+    """A worker's (index, result) pairs over `places` (one per case, in order), as `run_replay` passes
+    them to its progress, with the place in progress in the store before each case is computed; each
+    result is stored as it comes where it is `whole` (the run's only worker, so all its selectors). A
+    worker of several leaves its last place in the store: a rank that dies before the next worker's
+    first case loses that case, so that its restarts, each losing one case, come to an end."""
     it = iter(items)
     for place in places:
         store.set(f"at/{rank}", str(place))
@@ -227,9 +235,11 @@ def _tracked(store: Any, rank: int, places: list[int], items: Iterable[tuple[int
             index, case = next(it)
         except StopIteration:
             break
-        store.set(f"case/{places[index]}", json.dumps(case.to_json()))
+        if whole:
+            store.set(f"case/{places[index]}", json.dumps(case.to_json()))
         yield index, case
-    store.set(f"at/{rank}", "")
+    if whole:
+        store.set(f"at/{rank}", "")
     yield from it
 
 

@@ -220,6 +220,16 @@ def case_ids(config: ReplayConfig) -> list[str]:
     return ids if config.case_indices is None else [ids[p] for p in sorted(set(config.case_indices))]
 
 
+def worker_groups(config: ReplayConfig) -> list[list[int]]:
+    """The selectors (indices into `config.selectors`) of each worker process a replay runs, one worker
+    after another: one selector each under `isolate` or a timeout, else as few groups as keep two builds
+    of one library or package apart (`process_groups`; one group when nothing clashes). The distributed
+    replay asks too, to know whether a case's result is whole as its one worker yields it."""
+    if config.isolate or config.timeout_s is not None:
+        return [[i] for i in range(len(config.selectors))]
+    return process_groups(list(config.selectors))
+
+
 def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> ReplayRun:
     """Replay `config`'s cases against its selectors: verify, time, and report (module docstring).
 
@@ -261,9 +271,8 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
     job = Job((), (), pinned, config.suite, config.scale or "small", str(dev), protocol.to_json(), config.poison,
               read_bandwidth, controls=config.controls, case_globs=config.case_globs, case_regex=config.case_regex,
               only=config.case_indices, min_recall=config.tolerate_recall, determinism=config.determinism)
-    together = list(zip(config.selectors, columns, strict=True))
-    jobs = [replace(job, specs=(spec,), names=(name,)) for spec, name in together] if alone else \
-        [replace(job, specs=tuple(config.selectors[i] for i in g), names=tuple(columns[i] for i in g)) for g in groups]
+    jobs = [replace(job, specs=tuple(config.selectors[i] for i in w), names=tuple(columns[i] for i in w))
+            for w in worker_groups(config)]
     timeout_s = (ISOLATE_TIMEOUT_S if config.timeout_s is None else config.timeout_s) if alone else None
     per_selector: dict[str, dict[int, CaseResult]] = {}
     places = list(range(total)) if config.case_indices is None else sorted(set(config.case_indices))
@@ -324,4 +333,4 @@ def merge_runs(runs: Sequence[ReplayRun]) -> ReplayRun:
 
 __all__ = ["DEFAULT_SELECTORS", "Progress", "ReplayConfig", "ReplayInterrupted", "ReplayRun", "config_from_json",
            "config_json", "partial_mark", "build_selectors", "case_count",
-           "default_device", "merge_runs", "resolve", "run_replay"]
+           "default_device", "merge_runs", "resolve", "run_replay", "worker_groups"]
