@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # One file carried to an offline GPU host in parts, one run per part (each run takes the working tree and
-# at most about 64 MiB with it), reassembled there and checked by sha256. Used by staging/stage_cudnn.sh
-# (cuDNN frontend's wheels) and staging/stage_vllm.sh (vLLM's kernel libraries); nothing here knows what the
-# file holds.
+# at most about 64 MiB with it), reassembled there and checked by sha256. Used by the staging scripts
+# (staging/README.md); nothing here knows what the file holds.
 #
 #   bash staging/parts.sh cut FILE DEST SIZE [EXTRA_SUMS [UNPACK]]
 #     Cuts FILE into parts of at most SIZE bytes (split's syntax: 54M is 54 MiB, 4K is 4 KiB) and writes
 #     DEST/1/, DEST/2/, ... (DEST must not exist yet), each with its part NAME.partK (NAME: FILE's base
 #     name; K from 0), a copy of this script (parts.sh), SHA256SUMS and, where given, a copy of UNPACK
-#     (a payload's unpack.sh, which calls `parts.sh join`). SHA256SUMS, the same in every part: one
+#     (a payload's unpack.sh, which calls unpack_part below). SHA256SUMS, the same in every part: one
 #     `SUM  NAME.partK` line per part, in order, `whole SUM  NAME` for the reassembled file, then the lines
 #     of EXTRA_SUMS (the payload's own, e.g. `wheel SUM  FILE`: left to UNPACK). Prints the part count.
 #
@@ -18,6 +17,15 @@
 #     order, over any number of runs), checks them, writes DIR/NAME (checked against its whole sum),
 #     removes DIR/parts and exits 0. A later join finds DIR/NAME checked and exits 0 at once. Any other
 #     exit status is an error (a damaged part or file, a full disk).
+#
+#   . "$here/parts.sh"; unpack_part HERE DEFAULT CHECK [DIR]
+#     The steps every payload's unpack.sh (in HERE, beside this script) takes before its own unpacking,
+#     sourced so that they set rel and T in it. rel: the release HERE/SHA256SUMS names (its `release REL`
+#     line; an error where it has none and DEFAULT names {release}). T: DIR, else DEFAULT with {release}
+#     replaced by rel, made and resolved to an absolute path; / is refused. Then exits 0 where the command
+#     CHECK (run with rel and T set) says, itself, that the payload is unpacked in T already; else keeps
+#     this part in T/parts (join), exits 0 while some parts are missing (join's 10) and with join's status
+#     on an error, and returns once T/NAME is whole and checked, for the payload's own unpacking.
 # Needs split, numfmt, sha256sum, awk and stat.
 set -eu
 
@@ -105,6 +113,21 @@ join_parts() {
   echo "$name reassembled in $dir ($(stat -c %s "$dir/$name") bytes, sha256 checked)"
 }
 
+unpack_part() {
+  local here=$1 default=$2 check=$3 dir=${4:-} rc=0
+  rel=$(sed -n 's/^release //p' "$here/SHA256SUMS")
+  [ -n "$rel" ] || [[ $default != *"{release}"* ]] ||
+    { echo "unpack.sh: $here/SHA256SUMS names no release" >&2; exit 1; }
+  dir=${dir:-${default//"{release}"/$rel}}
+  T=$(mkdir -p "$dir" && cd "$dir" && pwd)
+  [ "$T" != / ] || { echo "unpack.sh: refusing to unpack into /" >&2; exit 1; }
+  if "$check"; then exit 0; fi
+  bash "$here/parts.sh" join "$here" "$T" || rc=$?  # keeps this part; 10: others still missing
+  [ "$rc" != 10 ] || exit 0
+  [ "$rc" = 0 ] || exit "$rc"
+}
+
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0  # sourced by an unpack.sh: the functions only
 case "${1:-}" in
   cut) shift; [ "$#" -ge 3 ] || die "usage: parts.sh cut FILE DEST SIZE [EXTRA_SUMS [UNPACK]]"; cut_file "$@" ;;
   join) shift; [ "$#" = 2 ] || die "usage: parts.sh join HERE DIR"; join_parts "$@" ;;

@@ -79,19 +79,17 @@ cat > "$tmp/unpack.sh" <<'EOF'
 # network; python3 with pip and torch). From the project root, one run per part, the runs following
 # one another (before the host clears /tmp):
 #   bash .cudnn/N/unpack.sh [DIR]      (DIR defaults to /tmp/cudnn)
-# Keeps this part in DIR/parts (parts.sh join, beside this script); once every part is there, joins them
-# into DIR/wheels.tar (checked), checks the wheels, installs them into DIR/site (pip install --no-index
-# --no-deps --target) and writes DIR/env.sh, the exports a command runs before importing cudnn:
-# . DIR/env.sh. CUDNN_PYTHON picks the python.
+# Keeps this part in DIR/parts (unpack_part of parts.sh, beside this script); once every part is there,
+# joins them into DIR/wheels.tar (checked), checks the wheels, installs them into DIR/site (pip install
+# --no-index --no-deps --target) and writes DIR/env.sh, the exports a command runs before importing
+# cudnn: . DIR/env.sh. CUDNN_PYTHON picks the python.
 set -eu
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-T=$(mkdir -p "${1:-/tmp/cudnn}" && cd "${1:-/tmp/cudnn}" && pwd)
+unpacked() { [ -f "$T/env.sh" ] && [ -d "$T/site/cudnn" ] && echo "cudnn already unpacked in $T: . $T/env.sh"; }
+. "$here/parts.sh"
+# sets T; exits 0 where unpacked already or while parts are missing
+unpack_part "$here" /tmp/cudnn unpacked "${1:-}"
 PY=${CUDNN_PYTHON:-python3}
-[ "$T" != / ] || { echo "unpack.sh: refusing to unpack into /" >&2; exit 1; }
-if [ -f "$T/env.sh" ] && [ -d "$T/site/cudnn" ]; then echo "cudnn already unpacked in $T: . $T/env.sh"; exit 0; fi
-rc=0; bash "$here/parts.sh" join "$here" "$T" || rc=$?  # keeps this part; 10: others still missing
-[ "$rc" != 10 ] || exit 0
-[ "$rc" = 0 ] || exit "$rc"
 rm -rf "$T/wheels" "$T/site"; mkdir -p "$T/wheels" "$T/ws"
 tar -C "$T/wheels" -xf "$T/wheels.tar"
 sed -n 's/^wheel //p' "$here/SHA256SUMS" | (cd "$T/wheels" && sha256sum -c --quiet) ||

@@ -219,30 +219,27 @@ cat > "$tmp/unpack.sh" <<'EOF'
 # python3 with pip and torch). From the project root, one run per part, the runs following one another
 # (before the host clears /tmp):
 #   bash .flashinfer-VERSION/N/unpack.sh [DIR]   (DIR defaults to $STAGED/flashinfer-VERSION, STAGED to /tmp/staged)
-# Keeps this part in DIR/parts (parts.sh join, beside this script); once every part is there, unpacks
-# DIR/flashinfer (its top-k module prebuilt as flashinfer/data/aot/topk/topk.so, checked against its
-# sum), installs into DIR those of the fallback wheels whose module this python cannot import, checks that
+# Keeps this part in DIR/parts (unpack_part of parts.sh, beside this script); once every part is there,
+# unpacks DIR/flashinfer (its top-k module prebuilt as flashinfer/data/aot/topk/topk.so, checked against
+# its sum), installs into DIR those of the fallback wheels whose module this python cannot import, checks that
 # `import flashinfer` from DIR gives the release where tvm-ffi imports (after .peers is unpacked; else the
 # adapters' first import is the check), and only then writes DIR/flashinfer_python-VERSION.dist-info
 # (which makes DIR a staged release for bench/peers.py). FLASHINFER_PYTHON picks the python.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 sums="$here/SHA256SUMS"
-ver=$(sed -n 's/^release //p' "$sums")
-[ -n "$ver" ] || { echo "unpack.sh: $sums names no release" >&2; exit 1; }
-T=${1:-${STAGED:-/tmp/staged}/flashinfer-$ver}
-T=$(mkdir -p "$T" && cd "$T" && pwd)
-[ "$T" != / ] || { echo "unpack.sh: refusing to unpack into /" >&2; exit 1; }
+mod=$(sed -n 's/^module \([0-9a-f]\{64\}\)  .*/\1/p' "$sums")
+unpacked() {  # the dist-info, written last, and the module as summed
+  [ -f "$T/flashinfer_python-$rel.dist-info/METADATA" ] &&
+    [ "$(sha256sum < "$T/flashinfer/data/aot/topk/topk.so" 2> /dev/null | cut -c1-64)" = "$mod" ] &&
+    echo "FlashInfer $rel already unpacked in $T"
+}
+. "$here/parts.sh"
+# sets rel and T; exits 0 where unpacked already or while parts are missing
+unpack_part "$here" "${STAGED:-/tmp/staged}/flashinfer-{release}" unpacked "${1:-}"
 PY=${FLASHINFER_PYTHON:-python3}
 so="$T/flashinfer/data/aot/topk/topk.so"
-info="$T/flashinfer_python-$ver.dist-info"
-mod=$(sed -n 's/^module \([0-9a-f]\{64\}\)  .*/\1/p' "$sums")
-if [ -f "$info/METADATA" ] && [ "$(sha256sum < "$so" 2> /dev/null | cut -c1-64)" = "$mod" ]; then
-  echo "FlashInfer $ver already unpacked in $T"; exit 0
-fi
-rc=0; bash "$here/parts.sh" join "$here" "$T" || rc=$?  # keeps this part; 10: others still missing
-[ "$rc" != 10 ] || exit 0
-[ "$rc" = 0 ] || exit "$rc"
+info="$T/flashinfer_python-$rel.dist-info"
 name=$(sed -n 's/^whole [0-9a-f]\{64\}  //p' "$sums")
 rm -rf "$info" "$T/flashinfer" "$T/deps"
 tar -C "$T" -xJf "$T/$name"
@@ -257,7 +254,7 @@ if [ -n "$missing" ]; then
 fi
 checked="import not checked here (no tvm_ffi: .peers brings it)"
 if "$PY" -c "import tvm_ffi" 2> /dev/null; then
-  "$PY" - "$T" "$ver" <<'PYEOF' || { echo "unpack.sh: FlashInfer $ver does not import from $T (above)" >&2; exit 1; }
+  "$PY" - "$T" "$rel" <<'PYEOF' || { echo "unpack.sh: FlashInfer $rel does not import from $T (above)" >&2; exit 1; }
 import sys
 
 sys.path.insert(0, sys.argv[1])
@@ -269,9 +266,9 @@ PYEOF
   checked="import checked"
 fi
 mkdir -p "$info"
-printf 'Metadata-Version: 2.1\nName: flashinfer-python\nVersion: %s\n' "$ver" > "$info/METADATA"
+printf 'Metadata-Version: 2.1\nName: flashinfer-python\nVersion: %s\n' "$rel" > "$info/METADATA"
 rm -rf "$T/deps" "${T:?}/$name"
-echo "FlashInfer $ver unpacked into $T as a staged release (top-k module prebuilt, sha256 checked;" \
+echo "FlashInfer $rel unpacked into $T as a staged release (top-k module prebuilt, sha256 checked;" \
   "fallback wheels installed: $(echo $missing | wc -w); $checked)"
 EOF
 rm -rf "$tmp/cut"

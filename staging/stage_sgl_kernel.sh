@@ -71,18 +71,15 @@ cat > "$tmp/unpack.sh" <<'EOF'
 # One part of an sglang-kernel release staged by staging/stage_sgl_kernel.sh, on the GPU host (no
 # network). From the project root, one run per part:
 #   bash .sglang-kernel-VERSION/N/unpack.sh [DIR]     (DIR defaults to /tmp/staged/sglang-kernel-VERSION)
-# Keeps this part in DIR/parts (parts.sh join); once every part is there, joins them (checked) and unpacks
-# the staged release into DIR: sgl_kernel/ (the library and its loader) and the release's dist-info.
+# Keeps this part in DIR/parts (unpack_part of parts.sh, beside this script); once every part is there,
+# joins them (checked) and unpacks the staged release into DIR: sgl_kernel/ (the library and its loader)
+# and the release's dist-info.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-rel=$(sed -n 's/^release //p' "$here/SHA256SUMS")
-[ -n "$rel" ] || { echo "unpack.sh: $here/SHA256SUMS names no release" >&2; exit 1; }
-T=$(mkdir -p "${1:-/tmp/staged/$rel}" && cd "${1:-/tmp/staged/$rel}" && pwd)
-[ "$T" != / ] || { echo "unpack.sh: refusing to unpack into /" >&2; exit 1; }
-if [ -f "$T/.unpacked" ]; then echo "$rel already unpacked in $T"; exit 0; fi
-rc=0; bash "$here/parts.sh" join "$here" "$T" || rc=$?  # keeps this part; 10: others still missing
-[ "$rc" != 10 ] || exit 0
-[ "$rc" = 0 ] || exit "$rc"
+unpacked() { [ -f "$T/.unpacked" ] && echo "$rel already unpacked in $T"; }
+. "$here/parts.sh"
+# sets rel and T; exits 0 where unpacked already or while parts are missing
+unpack_part "$here" "/tmp/staged/{release}" unpacked "${1:-}"
 tar -C "$T" -xJf "$T/sgl_kernel.tar.xz" && rm -f "$T/sgl_kernel.tar.xz" && touch "$T/.unpacked"
 echo "$rel unpacked into $T as a staged release: $(ls "$T" | tr '\n' ' ')"
 EOF

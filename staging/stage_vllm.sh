@@ -60,25 +60,22 @@ cat > "$tmp/unpack.sh" <<'EOF'
 # network). From the project root, one run per part, the runs following one another (before the host
 # clears /tmp):
 #   bash .vllm-parts/N/unpack.sh [DIR]      (DIR defaults to /tmp/staged/vllm-VERSION)
-# Keeps this part in DIR/parts (parts.sh join, beside this script); once every part is there, joins them
-# into DIR/vllm.tar (checked) and lays out the staged release: DIR/vllm/_C_stable_libtorch.abi3.so and
-# DIR/vllm/_deepselect_C.abi3.so, each checked against its sum before it takes its name,
+# Keeps this part in DIR/parts (unpack_part of parts.sh, beside this script); once every part is there,
+# joins them into DIR/vllm.tar (checked) and lays out the staged release: DIR/vllm/_C_stable_libtorch.abi3.so
+# and DIR/vllm/_deepselect_C.abi3.so, each checked against its sum before it takes its name,
 # DIR/vllm-VERSION.dist-info/METADATA and DIR/VERSION.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ver=$(sed -n 's/^release //p' "$here/SHA256SUMS")
-[ -n "$ver" ] || { echo "unpack.sh: $here/SHA256SUMS names no release" >&2; exit 1; }
-T=$(mkdir -p "${1:-/tmp/staged/vllm-$ver}" && cd "${1:-/tmp/staged/vllm-$ver}" && pwd)
-[ "$T" != / ] || { echo "unpack.sh: refusing to unpack into /" >&2; exit 1; }
 sums=$(sed -n 's/^lib //p' "$here/SHA256SUMS")
 [ -n "$sums" ] || { echo "unpack.sh: $here/SHA256SUMS lists no library" >&2; exit 1; }
-if (cd "$T/vllm" 2> /dev/null && printf '%s\n' "$sums" | sha256sum -c --quiet --strict) > /dev/null 2>&1; then
-  echo "vLLM's libraries already unpacked in $T ($(cat "$T/VERSION" 2>/dev/null))"; exit 0
-fi
-rc=0; bash "$here/parts.sh" join "$here" "$T" || rc=$?  # keeps this part; 10: others still missing
-[ "$rc" != 10 ] || exit 0
-[ "$rc" = 0 ] || exit "$rc"
-rm -rf "$T/xz"; mkdir -p "$T/xz" "$T/vllm" "$T/vllm-$ver.dist-info"
+unpacked() {  # every library in place, as summed
+  (cd "$T/vllm" 2> /dev/null && printf '%s\n' "$sums" | sha256sum -c --quiet --strict) > /dev/null 2>&1 &&
+    echo "vLLM's libraries already unpacked in $T ($(cat "$T/VERSION" 2>/dev/null))"
+}
+. "$here/parts.sh"
+# sets rel and T; exits 0 where unpacked already or while parts are missing
+unpack_part "$here" "/tmp/staged/vllm-{release}" unpacked "${1:-}"
+rm -rf "$T/xz"; mkdir -p "$T/xz" "$T/vllm" "$T/vllm-$rel.dist-info"
 tar -C "$T/xz" -xf "$T/vllm.tar"
 printf '%s\n' "$sums" | while read -r sum name; do
   xz -dc "$T/xz/$name.xz" > "$T/vllm/.$name.new"
@@ -86,7 +83,7 @@ printf '%s\n' "$sums" | while read -r sum name; do
     { rm -f "$T/vllm/.$name.new"; echo "unpack.sh: $name does not match its sum" >&2; exit 1; }
   mv "$T/vllm/.$name.new" "$T/vllm/$name"
 done
-printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$ver" > "$T/vllm-$ver.dist-info/METADATA"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$rel" > "$T/vllm-$rel.dist-info/METADATA"
 cp "$T/xz/VERSION" "$T/VERSION"
 rm -rf "$T/xz" "$T/vllm.tar"
 echo "vLLM's libraries ($(cat "$T/VERSION")) unpacked into $T as a staged release, sha256 checked:"

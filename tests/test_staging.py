@@ -2,7 +2,8 @@
 staging/stage_vllm.sh): the parts reassemble to the same bytes in any order, each from a tree holding only
 its own part; a run before the last keeps its part and says which are missing; a damaged part is refused;
 and stage_vllm.sh's unpack.sh lays a release of vLLM's libraries out as a staged release, where
-bench/fidelity_gpu.sh reads them and bench/peers.py gives every adapter that takes it a column."""
+bench/fidelity_gpu.sh reads them and bench/peers.py gives every adapter that takes it a column, and
+refuses a folder that resolves to / (as every unpack.sh does, through parts.sh's unpack_part)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,9 @@ def test_stage_vllm_lays_out_a_staged_release_where_fidelity_and_the_peers_read_
     assert "Version: 0.34.0" in (host / "vllm-0.34.0.dist-info" / "METADATA").read_text()
     again = sh(tree / ".vllm-parts" / "2" / "unpack.sh", host)
     assert again.returncode == 0 and "already unpacked" in again.stdout
+    root = "/".join([str(host), *[".."] * len(host.parts)])  # a DIR that resolves to /
+    refused = sh(tree / ".vllm-parts" / "2" / "unpack.sh", root)
+    assert refused.returncode == 1 and refused.stderr == "unpack.sh: refusing to unpack into /\n", refused
     columns = catalog.columns([str(host)])
     assert f"vllm-native@{host}" in columns and f"vllm034-auto@{host}" in columns
     assert f"vllm-auto@{host}" not in columns  # 0.33's choice, which 0.34 changed
