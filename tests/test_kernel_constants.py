@@ -2,13 +2,14 @@
 includes it and defines none of its constants again, the CPU models read the same file (kernel_config.py),
 and the reader refuses any line it would have to evaluate, so the two sides cannot drift apart. Also
 holds the sources to one style of tunable and the sweep script to variants the sources still have, and
-the model's keep_rank to the kernel's float arithmetic."""
+the model's keep_rank to the kernel's float arithmetic and its re-bet rule to the kernel's expressions."""
 
 from __future__ import annotations
 
 import importlib
 import re
 from pathlib import Path
+from types import CodeType, SimpleNamespace
 
 import pytest
 import torch
@@ -80,6 +81,60 @@ def test_deepselect_model_configuration_is_the_config_table() -> None:
     narrow_only = {row["k_max"] for row in config.tables["kClasses"]} - set(cpu_models.DS_WIDE_CLASSES)
     assert cpu_models.deepselect_config(max(narrow_only), cpu_models.DS_WIDE_STRIDE).elems == 8
     assert cpu_models.deepselect_config(10**6, 8192).k_max == cpu_models.DS_CLASSES[-1]
+
+
+def cpp_expression(src: str, pattern: str) -> CodeType:
+    """The C++ expression that `pattern`'s group finds in `src`, compiled as Python: the operators the
+    kernel's rules are written with (||, &&, !, integer /, one ?:), its identifiers left to the caller."""
+    found = re.search(pattern, src)
+    assert found, pattern
+
+    def python(expr: str) -> str:
+        cond, _, rest = expr.partition("?")
+        if rest:
+            yes, no = re.split(r"(?<!:):(?!:)", rest, maxsplit=1)
+            return f"({python(yes)}) if ({python(cond)}) else ({python(no)})"
+        expr = expr.replace("||", " or ").replace("&&", " and ")
+        return re.sub(r"(?<!/)/(?!/)", "//", re.sub(r"!(?!=)", " not ", expr)).strip()
+
+    return compile(python(found[1]), "deepselect.cu", "eval")
+
+
+def with_constant(text: str, name: str, value: int) -> str:
+    return re.sub(rf"(constexpr [\w ]+ {name} = )\d+", rf"\g<1>{value}", text)
+
+
+def test_deepselect_model_rebets_by_the_kernels_rule() -> None:
+    """The model's `rebets` and re-bet round are deepselect.cu's kRebets and free_rounds' first run,
+    evaluated from the kernel's own expressions, on every instantiation it builds (each class narrow and
+    wide; kRound is threads * elems for fp32 and bf16 alike, whose elems fill whole 16-byte vectors), for
+    the config as it is and with the rule's constants changed: a change in the header changes both sides."""
+    src = SOURCES["deepselect"]
+    kernel_rebets = cpp_expression(src, r"static constexpr bool kRebets = ([^;]+);")
+    kernel_end = cpp_expression(src, r"int begin = 0, end = ([^;]+);")
+    text = kernel_config.path("deepselect").read_text()
+    variants = [text, with_constant(text, "kWideStride", 65536), with_constant(text, "kRebetRounds", 9),
+                with_constant(text, "kRebetRounds", 10), with_constant(text, "kRebetDiv", 4)]
+    rounds = list(range(1, 300))
+    seen = set()
+    for variant in variants:
+        config = kernel_config.parse(variant, "deepselect_config.h")
+        c, wide_classes = config.constants, {row["k_max"] for row in config.tables["kWideClasses"]}
+        for wide, table in ((False, "kClasses"), (True, "kWideClasses")):
+            for row in config.tables[table]:
+                assert row["elems"] * 2 % 16 == 0, row
+                names = {"WIDE": wide, "K_MAX": row["k_max"], "has_wide": wide_classes.__contains__,
+                         "kWideStride": c["kWideStride"], "kRound": row["threads"] * row["elems"],
+                         "kRebetRounds": c["kRebetRounds"], "kRebetDiv": c["kRebetDiv"]}
+                rebets = bool(eval(kernel_rebets, names))
+                ends = [eval(kernel_end, {**names, "kRebets": rebets, "sp": SimpleNamespace(rounds=r)})
+                        for r in rounds]
+                cfg = cpu_models.deepselect_config(row["k_max"], c["kWideStride"] - (not wide), config)
+                assert (cfg.k_max, cfg.round, cfg.rebets) == (row["k_max"], names["kRound"], rebets), (table, row)
+                assert cfg.rebet_round(torch.tensor(rounds)).tolist() == [
+                    -1 if end == r else end - 1 for r, end in zip(rounds, ends, strict=True)], (table, row)
+                seen.add((table, row["k_max"], rebets))
+    assert len({(table, k) for table, k, _ in seen}) < len(seen)  # some variant re-bets by a constant
 
 
 def test_keep_rank_is_the_kernels_float_arithmetic() -> None:

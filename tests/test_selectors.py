@@ -139,7 +139,7 @@ def test_deepselect_rebets_only_where_a_row_can_be_long_enough() -> None:
     rounds than a re-bet needs, so it has none (the kernel compiles it without, for the free rounds'
     registers); the wide variants and the classes without one re-bet."""
     narrow, wide = models.deepselect_config(512, models.DS_WIDE_STRIDE - 1), models.deepselect_config(512, 163840)
-    assert models.DS_WIDE_STRIDE // narrow.round + 1 < models.DS_REBET_ROUNDS
+    assert models.DS_WIDE_STRIDE // narrow.round + 1 < narrow.rebet_rounds
     assert (narrow.rebets, wide.rebets) == (False, True)
     assert all(models.deepselect_config(k, 8192).rebets for k in (2048, 4096))
 

@@ -39,7 +39,7 @@ behave like the kernels' bit patterns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -74,11 +74,6 @@ DS_WIDE_CLASSES = tuple(c["k_max"] for c in _DS.tables["kWideClasses"])
 DS_WIDE_STRIDE = _DS.constants["kWideStride"]
 DS_FIRST_BITS = (_DS.constants["kFirstBitsF32"], _DS.constants["kFirstBitsBf16"])
 DS_KEY_BITS = (_DS.constants["kKeyBitsF32"], _DS.constants["kKeyBitsBf16"])
-# deepselect's re-bet in free rounds: rows of at least DS_REBET_ROUNDS rounds look at their buffer after
-# round rounds // DS_REBET_DIV, and cut it back speculatively when it is on course for more than half its
-# capacity (or stop the pass there when it already overflowed).
-DS_REBET_ROUNDS = _DS.constants["kRebetRounds"]
-DS_REBET_DIV = _DS.constants["kRebetDiv"]
 
 
 @dataclass
@@ -364,7 +359,9 @@ class DeepSelectConfig:
     elems: int  # elements per thread per round
     warps: int  # warps per block
     slack: int  # candidates since the last compaction that trigger the next one (kB2)
-    rebets: bool = True  # whether its free rounds re-bet (kRebets): not the narrow variant of a wide class
+    rebets: bool  # whether its free rounds re-bet (kRebets): not the narrow variant of a wide class
+    rebet_rounds: int  # the fewest rounds of a row that re-bets (kRebetRounds) ...
+    rebet_div: int  # ... after round rounds // rebet_div (kRebetDiv)
 
     @property
     def segment(self) -> int:
@@ -380,19 +377,35 @@ class DeepSelectConfig:
         """The candidate buffer: never reached by a synchronous round, overflowed by a free one."""
         return self.k_max + self.slack + self.round
 
+    def rebet_round(self, rounds: torch.Tensor) -> torch.Tensor:
+        """Per row of `rounds` rounds: the free round after which it re-bets (deepselect.cu's free_rounds
+        ends its first run of rounds there), -1 for a row that does not."""
+        return torch.where((rounds >= self.rebet_rounds) & self.rebets, rounds // self.rebet_div, -1)
 
-def deepselect_config(top_k: int, row_stride: int) -> DeepSelectConfig:
+
+def deepselect_config(top_k: int, row_stride: int,
+                      config: kernel_config.KernelConfig = _DS) -> DeepSelectConfig:
     """The kernel's configuration for this top_k and row stride: the first class of deepselect_config.h
-    whose k_max is at least top_k (the last takes the rest), its wide row where the stride is at least
-    DS_WIDE_STRIDE and the class has one."""
-    k_max = next(c for c in DS_CLASSES if top_k <= c or c == DS_CLASSES[-1])
-    wide = row_stride >= DS_WIDE_STRIDE and k_max in DS_WIDE_CLASSES
-    row = next(c for c in _DS.tables["kWideClasses" if wide else "kClasses"] if c["k_max"] == k_max)
-    cfg = DeepSelectConfig(k_max, row["elems"], row["threads"] // 32, row["b2"])
-    # The narrow variant of a class with a wide one serves rows shorter than DS_WIDE_STRIDE (in rows that do
-    # not overlap): too few rounds for a re-bet, and the kernel compiles it without one.
-    narrow_only = not wide and k_max in DS_WIDE_CLASSES and DS_WIDE_STRIDE // cfg.round + 1 < DS_REBET_ROUNDS
-    return replace(cfg, rebets=not narrow_only)
+    (or another `config` of its form) whose k_max is at least top_k (the last takes the rest), its wide
+    row where the stride is at least kWideStride and the class has one."""
+    classes = [c["k_max"] for c in config.tables["kClasses"]]
+    k_max = next(c for c in classes if top_k <= c or c == classes[-1])
+    has_wide = any(c["k_max"] == k_max for c in config.tables["kWideClasses"])
+    wide = has_wide and row_stride >= config.constants["kWideStride"]
+    row = next(c for c in config.tables["kWideClasses" if wide else "kClasses"] if c["k_max"] == k_max)
+    threads, elems = row["threads"], row["elems"]
+    return DeepSelectConfig(k_max, elems, threads // 32, row["b2"], _rebets(config, wide, has_wide, threads * elems),
+                            config.constants["kRebetRounds"], config.constants["kRebetDiv"])
+
+
+def _rebets(config: kernel_config.KernelConfig, wide: bool, has_wide: bool, round_elems: int) -> bool:
+    """deepselect.cu's kRebets, its rule over the same config values: whether a row of the variant can
+    be long enough to re-bet. The narrow variant of a class with a wide one serves rows shorter than
+    kWideStride only (rows do not overlap), at most kWideStride / kRound + 1 rounds; where that is fewer
+    than kRebetRounds the kernel compiles it without the re-bet. tests/test_kernel_constants.py
+    evaluates the kernel's own expression against this one."""
+    c = config.constants
+    return wide or not has_wide or c["kWideStride"] // round_elems + 1 >= c["kRebetRounds"]
 
 
 def deepselect_round_columns(cfg: DeepSelectConfig, length: int, head: int, r: int) -> torch.Tensor:
@@ -488,7 +501,7 @@ def _deepselect_pass(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, 
     count = torch.zeros(n, dtype=torch.int64)
     lowest = torch.full((n,), -1, dtype=torch.int64)  # an element enters at or above this key
     free = torch.zeros(n, dtype=torch.bool)  # speculating: no compaction, overflow means a redo
-    rebet_round = torch.where((rounds >= DS_REBET_ROUNDS) & cfg.rebets, rounds // DS_REBET_DIV, -1)
+    rebet_round = cfg.rebet_round(rounds)
     reading = torch.ones(n, dtype=torch.bool)  # a free pass that overflowed by its re-bet stops reading
     compactions = torch.zeros(n, dtype=torch.int64)
     appended = torch.zeros(n, dtype=torch.int64)

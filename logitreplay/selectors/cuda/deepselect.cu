@@ -181,7 +181,9 @@ struct DeepSelect {
   static_assert(kPerThread <= 32, "one bit per element of a thread's round in a 32-bit mask");
   // Whether a row of this variant can reach the re-bet: the narrow variant of a class with a wide one
   // serves rows shorter than kWideStride only (at most kWideStride / kRound + 1 rounds), and compiled
-  // without it, its free rounds keep the registers they had before the re-bet existed.
+  // without it, its free rounds keep the registers they had before the re-bet existed. The CPU model
+  // applies the same rule to the same config (cpu_models._rebets); tests/test_kernel_constants.py
+  // evaluates this line, and free_rounds' first `end`, against it.
   static constexpr bool kRebets = WIDE || !has_wide(K_MAX) || kWideStride / kRound + 1 >= kRebetRounds;
 
   struct Smem {
