@@ -2,7 +2,8 @@
 includes it and defines none of its constants again, the CPU models read the same file (kernel_config.py),
 and the reader refuses any line it would have to evaluate, so the two sides cannot drift apart. Also
 holds the sources to one style of tunable and the sweep script to variants the sources still have, and
-the model's keep_rank to the kernel's float arithmetic and its re-bet rule to the kernel's expressions."""
+the model's keep_rank to the kernel's float arithmetic and its re-bet rule and narrow or wide choice to
+the kernel's expressions."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def test_deepselect_model_configuration_is_the_config_table() -> None:
 
 def cpp_expression(src: str, pattern: str) -> CodeType:
     """The C++ expression that `pattern`'s group finds in `src`, compiled as Python: the operators the
-    kernel's rules are written with (||, &&, !, integer /, one ?:), its identifiers left to the caller."""
+    kernel's rules are written with (||, &&, !, integer /, one ?:), its identifiers left to the caller.
+    Several groups (the conditions of nested ifs) make one expression that holds where all of them do."""
     found = re.search(pattern, src)
     assert found, pattern
 
@@ -97,11 +99,23 @@ def cpp_expression(src: str, pattern: str) -> CodeType:
         expr = expr.replace("||", " or ").replace("&&", " and ")
         return re.sub(r"(?<!/)/(?!/)", "//", re.sub(r"!(?!=)", " not ", expr)).strip()
 
-    return compile(python(found[1]), "deepselect.cu", "eval")
+    return compile(" and ".join(f"({python(group)})" for group in found.groups()), "deepselect.cu", "eval")
 
 
 def with_constant(text: str, name: str, value: int) -> str:
     return re.sub(rf"(constexpr [\w ]+ {name} = )\d+", rf"\g<1>{value}", text)
+
+
+def deepselect_configs(*changes: tuple[str, int]) -> list[kernel_config.KernelConfig]:
+    """deepselect_config.h as it is, then with each (constant, value) of `changes` changed in its text."""
+    text = kernel_config.path("deepselect").read_text()
+    return [kernel_config.parse(variant, "deepselect_config.h")
+            for variant in (text, *(with_constant(text, name, value) for name, value in changes))]
+
+
+def kernel_names(config: kernel_config.KernelConfig) -> dict[str, object]:
+    """What deepselect.cu's rules read of `config`: its constants, and has_wide over its kWideClasses."""
+    return {**config.constants, "has_wide": {row["k_max"] for row in config.tables["kWideClasses"]}.__contains__}
 
 
 def test_deepselect_model_rebets_by_the_kernels_rule() -> None:
@@ -112,29 +126,46 @@ def test_deepselect_model_rebets_by_the_kernels_rule() -> None:
     src = SOURCES["deepselect"]
     kernel_rebets = cpp_expression(src, r"static constexpr bool kRebets = ([^;]+);")
     kernel_end = cpp_expression(src, r"int begin = 0, end = ([^;]+);")
-    text = kernel_config.path("deepselect").read_text()
-    variants = [text, with_constant(text, "kWideStride", 65536), with_constant(text, "kRebetRounds", 9),
-                with_constant(text, "kRebetRounds", 10), with_constant(text, "kRebetDiv", 4)]
     rounds = list(range(1, 300))
     seen = set()
-    for variant in variants:
-        config = kernel_config.parse(variant, "deepselect_config.h")
-        c, wide_classes = config.constants, {row["k_max"] for row in config.tables["kWideClasses"]}
+    for config in deepselect_configs(("kWideStride", 65536), ("kRebetRounds", 9), ("kRebetRounds", 10),
+                                     ("kRebetDiv", 4)):
         for wide, table in ((False, "kClasses"), (True, "kWideClasses")):
             for row in config.tables[table]:
                 assert row["elems"] * 2 % 16 == 0, row
-                names = {"WIDE": wide, "K_MAX": row["k_max"], "has_wide": wide_classes.__contains__,
-                         "kWideStride": c["kWideStride"], "kRound": row["threads"] * row["elems"],
-                         "kRebetRounds": c["kRebetRounds"], "kRebetDiv": c["kRebetDiv"]}
+                names = {**kernel_names(config), "WIDE": wide, "K_MAX": row["k_max"],
+                         "kRound": row["threads"] * row["elems"]}
                 rebets = bool(eval(kernel_rebets, names))
                 ends = [eval(kernel_end, {**names, "kRebets": rebets, "sp": SimpleNamespace(rounds=r)})
                         for r in rounds]
-                cfg = cpu_models.deepselect_config(row["k_max"], c["kWideStride"] - (not wide), config)
+                cfg = cpu_models.deepselect_config(row["k_max"], config.constants["kWideStride"] - (not wide), config)
                 assert (cfg.k_max, cfg.round, cfg.rebets) == (row["k_max"], names["kRound"], rebets), (table, row)
                 assert cfg.rebet_round(torch.tensor(rounds)).tolist() == [
                     -1 if end == r else end - 1 for r, end in zip(rounds, ends, strict=True)], (table, row)
                 seen.add((table, row["k_max"], rebets))
     assert len({(table, k) for table, k, _ in seen}) < len(seen)  # some variant re-bets by a constant
+
+
+def test_deepselect_model_takes_the_wide_variant_by_the_kernels_rule() -> None:
+    """The model's narrow or wide variant is the one deepselect.cu's launch_class launches, evaluated from
+    the kernel's own conditions (its `if constexpr` and the `if` that returns the wide launch), for every
+    class and row strides around kWideStride, with the config as it is and with kWideStride changed."""
+    kernel_wide = cpp_expression(SOURCES["deepselect"], r"(?s)int launch_class\(.*?if constexpr \((.+?)\) \{"
+                                                        r"\s*if \((.+?)\)\s*return launch<T, K_MAX, true>")
+    seen = set()
+    for config in deepselect_configs(("kWideStride", 65536), ("kWideStride", 4096)):
+        stride = config.constants["kWideStride"]
+        rows = {(table, row["k_max"]): (row["threads"] // 32, row["elems"], row["b2"])
+                for table in ("kClasses", "kWideClasses") for row in config.tables[table]}
+        for k_max in (row["k_max"] for row in config.tables["kClasses"]):
+            for row_stride in (1, stride // 2, *range(stride - 3, stride + 4), 2 * stride, 163840):
+                wide = bool(eval(kernel_wide, {**kernel_names(config), "K_MAX": k_max, "row_stride": row_stride}))
+                cfg = cpu_models.deepselect_config(k_max, row_stride, config)
+                chosen = rows[("kWideClasses" if wide else "kClasses", k_max)]
+                assert (cfg.warps, cfg.elems, cfg.slack) == chosen, (k_max, row_stride, stride)
+                assert chosen != rows.get(("kClasses" if wide else "kWideClasses", k_max)), k_max  # told apart
+                seen.add((k_max, wide))
+    assert len({k for k, _ in seen}) < len(seen)  # both variants of some class were taken
 
 
 def test_keep_rank_is_the_kernels_float_arithmetic() -> None:

@@ -387,25 +387,37 @@ def deepselect_config(top_k: int, row_stride: int,
                       config: kernel_config.KernelConfig = _DS) -> DeepSelectConfig:
     """The kernel's configuration for this top_k and row stride: the first class of deepselect_config.h
     (or another `config` of its form) whose k_max is at least top_k (the last takes the rest), its wide
-    row where the stride is at least kWideStride and the class has one."""
+    row where `_wide` says so."""
     classes = [c["k_max"] for c in config.tables["kClasses"]]
     k_max = next(c for c in classes if top_k <= c or c == classes[-1])
-    has_wide = any(c["k_max"] == k_max for c in config.tables["kWideClasses"])
-    wide = has_wide and row_stride >= config.constants["kWideStride"]
+    wide = _wide(config, k_max, row_stride)
     row = next(c for c in config.tables["kWideClasses" if wide else "kClasses"] if c["k_max"] == k_max)
     threads, elems = row["threads"], row["elems"]
-    return DeepSelectConfig(k_max, elems, threads // 32, row["b2"], _rebets(config, wide, has_wide, threads * elems),
+    return DeepSelectConfig(k_max, elems, threads // 32, row["b2"], _rebets(config, k_max, wide, threads * elems),
                             config.constants["kRebetRounds"], config.constants["kRebetDiv"])
 
 
-def _rebets(config: kernel_config.KernelConfig, wide: bool, has_wide: bool, round_elems: int) -> bool:
+def _has_wide(config: kernel_config.KernelConfig, k_max: int) -> bool:
+    """deepselect.cu's has_wide: whether class k_max has a wide variant (a row of kWideClasses)."""
+    return any(c["k_max"] == k_max for c in config.tables["kWideClasses"])
+
+
+def _wide(config: kernel_config.KernelConfig, k_max: int, row_stride: int) -> bool:
+    """deepselect.cu's launch_class, its choice over the same config values: class k_max's wide variant
+    where it has one and the row stride is at least kWideStride (the stride, since the bounds stay on the
+    device), its narrow one otherwise. tests/test_kernel_constants.py evaluates the kernel's own
+    conditions against this one."""
+    return _has_wide(config, k_max) and row_stride >= config.constants["kWideStride"]
+
+
+def _rebets(config: kernel_config.KernelConfig, k_max: int, wide: bool, round_elems: int) -> bool:
     """deepselect.cu's kRebets, its rule over the same config values: whether a row of the variant can
     be long enough to re-bet. The narrow variant of a class with a wide one serves rows shorter than
     kWideStride only (rows do not overlap), at most kWideStride / kRound + 1 rounds; where that is fewer
     than kRebetRounds the kernel compiles it without the re-bet. tests/test_kernel_constants.py
     evaluates the kernel's own expression against this one."""
     c = config.constants
-    return wide or not has_wide or c["kWideStride"] // round_elems + 1 >= c["kRebetRounds"]
+    return wide or not _has_wide(config, k_max) or c["kWideStride"] // round_elems + 1 >= c["kRebetRounds"]
 
 
 def deepselect_round_columns(cfg: DeepSelectConfig, length: int, head: int, r: int) -> torch.Tensor:

@@ -582,7 +582,9 @@ int launch(const void* logits, long long row_stride, const int* row_starts, cons
   return cudaGetLastError() == cudaSuccess ? LR_OK : LR_ELAUNCH;
 }
 
-// One top_k class: its wide variant for rows of at least kWideStride elements where it has one.
+// One top_k class: its wide variant for rows of at least kWideStride elements where it has one. The
+// CPU model makes the same choice (cpu_models._wide); tests/test_kernel_constants.py evaluates these
+// two conditions against it.
 template <typename T, int K_MAX>
 int launch_class(const void* logits, long long row_stride, const int* row_starts, const int* row_ends, int rows,
                  int top_k, int* out, long long out_stride, LrStatus* status, cudaStream_t stream) {
