@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import subprocess
 import sys
 import time
@@ -41,6 +42,10 @@ PEERS = tuple(catalog.adapters())
 # of the fit against run-to-run noise, not a held-out one. Run from the project root, as the commands
 # above are.
 AUTO_RULE = "bench/results/h200-2026-12-03/rebet/auto-fit/rule.json"
+# The index sets every column is compared with (`right_table`): the bundled deterministic mode, whose
+# stated policy is the lowest indices among the candidates tied at the k-th value, held to it in the same
+# run by its tie policy and reruns.
+REFERENCE = "native-det"
 PROBE_COUNTS = (2049, 4000, 4096, 4097, 4200, 6000, 8192, 16384)
 PROBE_COLS = 32768
 PREFIX = "peers-"
@@ -193,11 +198,87 @@ def suite_table(data: dict[str, Any]) -> tuple[list[str], list[str], dict[str, s
     return lines, fails, why
 
 
+def _determinism_cell(results: list[dict[str, Any]]) -> str:
+    """`yes` when every rerun of every verified case returned the same output; else in how many cases
+    only the order differed and in how many the index sets did."""
+    seen = [r["determinism"] for r in results if r.get("determinism")]
+    if not seen:
+        return "-"
+    order = sum(1 for d in seen if not d["deterministic"] and d["same_sets"])
+    sets = sum(1 for d in seen if not d["same_sets"])
+    if not order and not sets:
+        return f"yes ({len(seen)})"
+    parts = [f"order in {order}" if order else "", f"sets in {sets}" if sets else ""]
+    return f"no: {', '.join(p for p in parts if p)} of {len(seen)}"
+
+
+def _policy_cell(results: list[dict[str, Any]]) -> str:
+    """The tie policies shown over the cases that offered a choice, each with its number of cases."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if r.get("tie_policy"):
+            counts[r["tie_policy"]] = counts.get(r["tie_policy"], 0) + 1
+    return ", ".join(f"{p} ({n})" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
+
+
+def _agreement_cell(cases: list[dict[str, Any]], name: str) -> str:
+    """The least fraction of a case's rows whose index set is REFERENCE's, and in how many cases it is
+    below 1."""
+    if name == REFERENCE:
+        return "(reference)"
+    found = [a["rows"] for c in cases for a in c.get("agreement") or [] if {a["a"], a["b"]} == {name, REFERENCE}]
+    if not found:
+        return "-"
+    below = sum(1 for f in found if f < 1)
+    least = math.floor(min(found) * 100) / 100  # rounded down: a case below 1 never reads 1.00
+    return f"{least:.2f}" + (f" ({below} of {len(found)} below 1)" if below else "")
+
+
+def _recall_cell(results: list[dict[str, Any]]) -> str:
+    """The least recall (fraction of the exact top-k's values held) over the cases it failed."""
+    recalls = [r["damage"]["recall_min"] for r in results if r.get("damage")]
+    return f"{min(recalls):.3f} ({len(recalls)} case{'s' if len(recalls) > 1 else ''})" if recalls else "-"
+
+
+def right_table(data: dict[str, Any]) -> list[str]:
+    """Selector rows x what a report with `--determinism` says beyond right values (docs/design.md, issue
+    38): cases verified of those it ran, cases declined, deterministic over the reruns, tie policy,
+    agreement of index sets with REFERENCE, and recall where it failed. Empty for a report without reruns."""
+    cases = [c for c in data["cases"] if not c.get("invalid")]
+    if not any(r.get("determinism") for c in cases for r in c["results"]):
+        return []
+    names = list(dict.fromkeys(r["selector"] for c in cases for r in c["results"]))
+    lines = [f"| selector | verified | declined | deterministic | tie policy | agrees with {REFERENCE} | "
+             "recall where it failed |", "|---" * 7 + "|"]
+    for n in names:
+        mine = [r for c in cases for r in c["results"] if r["selector"] == n]
+        ran = [r for r in mine if r["status"] != "unsupported"]
+        ok = sum(1 for r in ran if r["status"] == "ok")
+        lines.append(f"| {header(n, cases)} | {f'{ok} of {len(ran)}' if ran else '-'} | {len(mine) - len(ran)} | "
+                     f"{_determinism_cell(mine)} | {_policy_cell(mine)} | {_agreement_cell(cases, n)} | "
+                     f"{_recall_cell(mine)} |")
+    return lines
+
+
+RIGHT_LEGEND = ("Beyond right values, per selector over the suite's cases: *verified* of the cases it ran; "
+                "*deterministic*: every one of the reruns (`--determinism`, under load) returned the output of "
+                "the last timed call, else in how many cases only the order or the index sets differed; *tie "
+                "policy*: which of the candidates tied at the k-th value it took, per case that offered a choice "
+                f"(lowest, highest, none observed); *agrees with {REFERENCE}*: the least fraction of a case's "
+                "rows whose index set is that of the bundled deterministic mode (the lowest indices among the "
+                "tied candidates); *recall*: the least fraction of a row's exact top-k values it held, over "
+                "the cases it failed.")
+
+
 def suite_block(data: dict[str, Any]) -> str:
-    """One suite's markdown: its table, its failures and each adapter's declines (bench/claims.py renders
-    it into bench/PEERS.md from the committed report; `report` writes it after a run)."""
+    """One suite's markdown: its table, what its reruns showed beyond values (where it has them), its
+    failures and each adapter's declines (bench/claims.py renders it into bench/PEERS.md from the
+    committed report; `report` writes it after a run)."""
     lines, fails, why = suite_table(data)
     out = ["Median us; **FAIL**: failed verification (that peer's answer was wrong); n/a: declined.", "", *lines]
+    right = right_table(data)
+    if right:
+        out += ["", RIGHT_LEGEND, "", *right]
     if fails:
         out += ["", "Verification failures (first failing row):", "", *fails]
     if why:

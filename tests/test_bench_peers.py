@@ -124,6 +124,46 @@ def test_each_header_states_the_version_its_results_ran_from(peers: ModuleType, 
     assert peers.suite_block(report).splitlines()[2] == head  # what `make claims` renders into bench/PEERS.md
 
 
+def _rerun(selector: str, status: str = "ok", *, same_sets: bool = True, same_order: bool = True,
+           policy: str | None = None, recall: float | None = None) -> dict[str, Any]:
+    r = _result(selector, 10.0 if status == "ok" else None, None, status)
+    if status == "ok":
+        r["determinism"] = {"runs": 6, "deterministic": same_sets and same_order, "same_sets": same_sets,
+                            "same_order": same_order, "distinct_sets": 1 if same_sets else 2, "first_row": None}
+    r["tie_policy"] = policy
+    r["damage"] = None if recall is None else {"recall_min": recall, "recall_mean": recall, "rows": 1, "of_rows": 2,
+                                               "max_deficit": 0.5}
+    return r
+
+
+def test_the_right_table_states_per_selector_determinism_ties_agreement_and_recall(peers: ModuleType) -> None:
+    ties = {"case_id": "ties", "results": [
+        _rerun("native", same_order=False, policy="highest"), _rerun("native-det", policy="lowest"),
+        _rerun("split", same_sets=False, same_order=False, policy="none observed"),
+        _rerun("sgl-fast-topk", "failed", recall=0.25), _rerun("vllm-deepselect@vllm-0.34.0", "unsupported")],
+        "agreement": [{"a": "native", "b": "native-det", "rows": 0.004}, {"a": "native-det", "b": "split", "rows": 0.999}]}
+    plain = {"case_id": "plain", "results": [
+        _rerun("native", same_order=False), _rerun("native-det"), _rerun("split", same_order=False),
+        _rerun("sgl-fast-topk", "failed", recall=0.5), _rerun("vllm-deepselect@vllm-0.34.0", "unsupported")],
+        "agreement": [{"a": "native", "b": "native-det", "rows": 1.0}, {"a": "native-det", "b": "split", "rows": 1.0}]}
+    block = peers.suite_block({"cases": [ties, plain]})
+    assert peers.RIGHT_LEGEND in block
+    rows = block[block.index("| selector |"):].splitlines()
+    assert rows[2:7] == [
+        "| native | 2 of 2 | 0 | no: order in 2 of 2 | highest (1) | 0.00 (1 of 2 below 1) | - |",
+        "| native-det | 2 of 2 | 0 | yes (2) | lowest (1) | (reference) | - |",
+        # a case with 0.999 of its rows agreeing reads 0.99, never 1.00
+        "| split | 2 of 2 | 0 | no: order in 1, sets in 1 of 2 | none observed (1) | 0.99 (1 of 2 below 1) | - |",
+        "| sgl-fast-topk | 0 of 2 | 0 | - | - | - | 0.250 (2 cases) |",
+        "| vllm-deepselect@vllm-0.34.0 | - | 2 | - | - | - | - |"]
+
+
+def test_a_report_without_reruns_renders_no_right_table(peers: ModuleType) -> None:
+    report = {"cases": [{"case_id": "c", "results": [_result("native", 10.0, None)]}]}
+    assert peers.right_table(report) == []
+    assert "| selector |" not in peers.suite_block(report)
+
+
 def test_a_note_states_its_version_and_nothing_else_is_read_as_one() -> None:
     assert note_version("vLLM 0.34 chose cooperative_topk from /s/vllm-0.34.0 (0.34.0); staging copy 1 B") == "0.34.0"
     assert note_version("topk into the view (aligned), else staged from vllm (0.33.0); staging copy at most 4 B") == \
