@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+import hashlib
 import json
 import re
 import sys
@@ -36,6 +37,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))  # the bench scripts whose tables these are (fidelity, reliability, ...)
 
+import deepselect_ab  # noqa: E402
 import fidelity  # noqa: E402
 import heldout  # noqa: E402
 import peers  # noqa: E402
@@ -120,8 +122,9 @@ def source(root: Path, rel: str, env: dict[str, Any] | None = None) -> str:
 SELECTORS = "logitreplay/selectors"  # the tree's bundled kernels and CPU models, whose digests are current
 # Results no bundled kernel or CPU model made (codec speeds, the capture's overhead, copy bandwidth, test
 # tallies), or made from named revisions of a kernel, each column naming its commit (ptxas's resources
-# per revision): their tables carry no kernel mark.
-KERNEL_FREE = re.compile(r"(codecs\.txt|capture_overhead\.json|copy\.json|\.xml|deepselect(-phases)?-resources\.json)$")
+# per revision, a bench/deepselect_ab.py run's folder): their tables carry no kernel mark.
+KERNEL_FREE = re.compile(r"(codecs\.txt|capture_overhead\.json|copy\.json|\.xml|deepselect(-phases)?-resources\.json"
+                         r"|/deepselect-ab)$")
 OLDER = "**Measured on an older kernel"
 
 
@@ -409,6 +412,32 @@ def resources_table(root: Path, rel: str) -> str:
     return "\n".join([table(["kernel class", *head], rows), "",
                       f"Registers per thread / stack frame / spill stores / spill loads (bytes), as ptxas reports "
                       f"them for nvcc {d['nvcc']}, {d['arch']}, the bundled build's flags.", "", source(root, rel)])
+
+
+# bench/deepselect_gpu.sh's run: deepselect from named revisions beside upstream DeepSelect (issue 43).
+AB_RUN = "h200-2026-12-05/deepselect-ab"
+AB_SUITES = ("seed-controls", "seed-controls-bf16", "indexer-decode", "stress")
+AB_BASE, AB_TREE, AB_UPSTREAM = "deepselect@pre-rebet", "deepselect@tree", "deepselect-upstream"
+
+
+@claim("deepselect-ab-2026-12-05")
+def deepselect_ab_2026_12_05(root: Path) -> str:
+    """bench/deepselect_ab.py's table of each suite: every column's median and its ratio to the kernel before
+    the re-bet, and the tree's over upstream's; each revision's deepselect.cu, marked where the tree's differs."""
+    lines: list[str] = []
+    for suite in AB_SUITES:
+        head, rows = deepselect_ab.ratios(root / RESULTS / AB_RUN / f"{suite}.json", AB_BASE, [(AB_TREE, AB_UPSTREAM)])
+        lines += [f"**{suite}** (median us; xN.NN = / {AB_BASE})", "", table(head, rows), ""]
+    report = load(root, f"{AB_RUN}/{AB_SUITES[0]}.json")
+    built = {r["selector"]: (r["reason"] or "").partition(";")[0] for r in report["cases"][0]["results"]}
+    tree = hashlib.sha256((root / SELECTORS / "cuda" / "deepselect.cu").read_bytes()).hexdigest()
+    mark = "" if tree.startswith(built[AB_TREE].rpartition("sha256 ")[2]) else (
+        f" {OLDER}**: the tree's deepselect.cu is now sha256 {tree[:12]}.")
+    failed = sorted({r["selector"] for c in report["cases"] for r in c["results"] if r["status"] != "ok"})
+    return "\n".join([
+        *lines, "Columns: " + "; ".join(f"{k}: {v}" for k, v in built.items() if k not in failed) + "." + mark,
+        *([f"No time (the column failed to load): {', '.join(failed)}."] if failed else []), "",
+        f"Protocol: {protocol(report)}.", source(root, AB_RUN, report["environment"])])
 
 
 @claim("deepselect-decode")

@@ -5,7 +5,7 @@ each variant is `deepselect.cu` (and the headers of its folder) taken from a git
 built with the bundled kernels' own flags, and replayed as a selector column `deepselect@NAME` beside
 the others (upstream DeepSelect included) by `logitreplay replay`, which verifies every column.
 
-    python bench/deepselect_ab.py prepare pre-rebet=08912d3^ main=HEAD tree=.   # on a checkout
+    python bench/deepselect_ab.py prepare pre-rebet=08912d3^ head=HEAD tree=.   # on a checkout
     python bench/deepselect_ab.py build                                         # on the GPU host
     logitreplay replay --suite seed-controls \
         --selectors 'bench.deepselect_ab:pre-rebet,bench.deepselect_ab:tree'
@@ -64,6 +64,9 @@ def prepare(specs: list[str], root: Path) -> None:
         name, _, rev = spec.partition("=")
         if not name or not rev:
             sys.exit(f"variant {spec!r}: expected NAME=REVISION (or NAME=. for the working tree)")
+        if name in globals():
+            sys.exit(f"variant {name!r}: a name of this module's own (`bench.deepselect_ab:{name}` would load "
+                     "that, not the variant); choose another")
         folder = root / name
         folder.mkdir(parents=True, exist_ok=True)
         digests = {}
@@ -207,20 +210,40 @@ def medians(path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def table(paths: list[Path], base: str) -> None:
-    """Median us per case and column; each variant's ratio to `base`."""
+def ratios(path: Path, base: str, pairs: list[tuple[str, str]] | None = None) -> tuple[list[str], list[list[str]]]:
+    """One replay report as a table: the header (case, each column, each pair `a / b`) and per case each
+    column's median us with its ratio to `base` ("65.9 x0.41"), then each pair's ratio of medians. A column
+    with no verified time on a case is "-"; a column with none on any case is left out."""
+    rows = medians(path)
+    cols = list(dict.fromkeys(c for r in rows.values() for c in r))
+    pairs = pairs or []
+    out = []
+    for cid, r in rows.items():
+        cells = [cid]
+        for c in cols:
+            t = r.get(c)
+            ratio = f" x{t / r[base]:.2f}" if t is not None and base in r and c != base else ""
+            cells.append("-" if t is None else f"{t:.1f}{ratio}")
+        cells += [f"{r[a] / r[b]:.2f}" if a in r and b in r else "-" for a, b in pairs]
+        out.append(cells)
+    return ["case", *cols, *(f"{a} / {b}" for a, b in pairs)], out
+
+
+def table(paths: list[Path], base: str, pairs: list[tuple[str, str]] | None = None) -> None:
+    """Print `ratios` of each report at fixed widths, the columns' names shortened (deepselect -> ds)."""
     for path in paths:
-        rows = medians(path)
-        cols = list(dict.fromkeys(c for r in rows.values() for c in r))
+        head, rows = ratios(path, base, pairs)
         print(f"\n{path.name}: median us; x = / {base}")
-        print(f"{'case':>44} " + " ".join(f"{c.replace('deepselect', 'ds')[:16]:>16}" for c in cols))
-        for cid, r in rows.items():
-            cells = []
-            for c in cols:
-                t = r.get(c)
-                ratio = f" x{t / r[base]:.2f}" if t is not None and base in r and c != base else ""
-                cells.append("-" if t is None else f"{t:.1f}{ratio}")
-            print(f"{cid[-44:]:>44} " + " ".join(f"{x:>16}" for x in cells))
+        for cells in [head, *rows]:
+            print(f"{cells[0][-44:]:>44} " + " ".join(f"{x.replace('deepselect', 'ds')[:16]:>16}" for x in cells[1:]))
+
+
+def pair(spec: str) -> tuple[str, str]:
+    """`A/B` of --pair: two column names."""
+    a, sep, b = spec.partition("/")
+    if not sep or not a or not b:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected COLUMN/COLUMN")
+    return a, b
 
 
 def main() -> int:
@@ -236,6 +259,8 @@ def main() -> int:
     t = sub.add_parser("table", help="medians and ratios of replay reports")
     t.add_argument("reports", nargs="+", type=Path)
     t.add_argument("--base", default="deepselect@pre-rebet", help="the column ratios divide by")
+    t.add_argument("--pair", type=pair, action="append", metavar="A/B",
+                   help="add the ratio of two columns (repeatable), e.g. deepselect@tree/deepselect-upstream")
     args = ap.parse_args()
     if args.cmd == "prepare":
         prepare(args.specs, variants_dir())
@@ -248,7 +273,7 @@ def main() -> int:
             args.json.write_text(json.dumps(report, indent=1) + "\n")
         print_resources(report)
     else:
-        table(args.reports, args.base)
+        table(args.reports, args.base, args.pair)
     return 0
 
 

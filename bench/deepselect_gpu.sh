@@ -7,7 +7,7 @@
 # (bench/regress.py) and the GPU tests named in $GPU_TESTS (paths, one pytest each, on the tree's
 # kernels). The zarr wheels come from .whl/, upstream DeepSelect from .deepselect/prebuilt
 # (shared/gpu/deepselect's README), unpacked into /tmp/dsdest.
-#   python bench/deepselect_ab.py prepare pre-rebet=08912d3^ main=main tree=.   (on the checkout)
+#   python bench/deepselect_ab.py prepare pre-rebet=08912d3^ head=main tree=.   (on the checkout)
 #   GPU_TESTS="tests/gpu/test_work_record.py tests/gpu/test_deepselect.py" bash bench/deepselect_gpu.sh
 # Everything is written to $WORK (the build, regression and test logs, JUnit files, one replay JSON and
 # log per suite, table.txt) and packed into $OUT/ab.tar.gz after each step, so a run cut short keeps what

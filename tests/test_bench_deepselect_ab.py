@@ -94,3 +94,26 @@ def test_table_divides_each_column_by_the_base(ab, tmp_path: Path,
     out = capsys.readouterr().out
     assert "a-normal-c8192-r4096-k512 bfloat16" in out and "80.0 x0.80" in out
     assert "90.0" not in out  # a result that failed verification has no time
+
+
+def test_a_pair_of_columns_gets_its_own_ratio_and_a_missing_time_is_a_dash(ab, tmp_path: Path) -> None:
+    def result(selector: str, us: float) -> dict:
+        return {"selector": selector, "status": "ok", "failures": [], "timing": {"median_us": us}}
+
+    report = {"cases": [
+        {"case_id": "one", "dtype": "float32",
+         "results": [result("deepselect@old", 100.0), result("deepselect@new", 80.0), result("deepselect-upstream", 64.0)]},
+        {"case_id": "two", "dtype": "float32", "results": [result("deepselect@old", 50.0), result("deepselect@new", 40.0)]}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    head, rows = ab.ratios(path, "deepselect@old", [("deepselect@new", "deepselect-upstream")])
+    assert head == ["case", "deepselect@old", "deepselect@new", "deepselect-upstream",
+                    "deepselect@new / deepselect-upstream"]
+    assert rows == [["one", "100.0", "80.0 x0.80", "64.0 x0.64", "1.25"], ["two", "50.0", "40.0 x0.80", "-", "-"]]
+
+
+def test_a_variant_named_as_one_of_the_modules_own_functions_is_refused(ab, tmp_path: Path) -> None:
+    """`bench.deepselect_ab:main` would load the module's CLI entry point, not a variant called main."""
+    with pytest.raises(SystemExit, match="'main': a name of this module's own"):
+        ab.prepare(["main=."], tmp_path / "variants")
+    assert not (tmp_path / "variants" / "main").exists()

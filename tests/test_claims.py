@@ -213,3 +213,16 @@ def test_auto_is_scored_per_case_with_what_decided_it_and_a_slow_choice_is_a_mis
     assert rows[-1][0] == "**within 3%: 7 of 9**"
     assert [m.split(":")[0] for m in misses[:2]] == [c["case_id"] for c in slowed["cases"][:2]]
     assert misses[2] == "within 3% on 7 of 9 cases"
+
+
+def test_the_ab_table_names_each_revision_and_marks_a_tree_column_the_tree_has_left(claims: ModuleType,
+                                                                                   tree: Path) -> None:
+    """bench/deepselect_gpu.sh's A/B: each column's deepselect.cu is named; the `tree` column is the tree's
+    kernel only while deepselect.cu is what the run built, and a column that failed to load is said so."""
+    block = claims.RENDERERS["deepselect-ab-2026-12-05"](tree)
+    assert "deepselect@pre-rebet: deepselect.cu of 08912d3^ (171a031)" in block and "older kernel" not in block
+    assert "No time (the column failed to load): bench.deepselect_ab:main" in block
+    kernel = tree / claims.SELECTORS / "cuda/deepselect.cu"
+    kernel.write_text(kernel.read_text() + "\n// edited after the run\n")
+    assert "Measured on an older kernel**: the tree's deepselect.cu is now sha256" in (
+        claims.RENDERERS["deepselect-ab-2026-12-05"](tree))
