@@ -5,15 +5,17 @@
 #   bash staging/stage_cudnn.sh
 # It downloads the six cp312 manylinux x86-64 wheels below (checked against their sha256; CUDNN_WHEELS=DIR
 # takes them from DIR instead, checked the same way) and writes .cudnn/ (git-ignored, replaced on each
-# run): one tar of the wheels cut by staging/parts.sh into parts of at most $PART_MIB MiB (default 54),
+# run): one tar of the wheels cut by staging/parts.sh into parts of at most $PART_MIB MiB (default 46,
+# so that a part and the tree of about 15 MiB fit the 64 MiB of one run),
 # part N in .cudnn/N/ with unpack.sh, parts.sh and SHA256SUMS, and MANIFEST.txt. Each part travels in a
 # run of its own; unpack.sh keeps the parts in /tmp/cudnn/parts (parts.sh join) and, once it has them
 # all, installs the wheels (pip install --no-index --no-deps --target /tmp/cudnn/site) and writes
 # /tmp/cudnn/env.sh. Where the host clears /tmp soon after a run, the runs must follow one
 # another:
 #   run 1, with .cudnn/1 in the tree:          bash .cudnn/1/unpack.sh
-#   run 2, with .cudnn/2 and .whl in the tree: bash .cudnn/2/unpack.sh && . /tmp/cudnn/env.sh && ...
-#   run 3 (optional), with .peers and .whl:    bash bench/peers_gpu.sh   (it reads /tmp/cudnn/env.sh)
+#   run 2, with .cudnn/2 in the tree:          bash .cudnn/2/unpack.sh
+#   run 3, with .cudnn/3 and .peers:           bash .cudnn/3/unpack.sh; bash bench/peers_gpu.sh
+#                                              (peers_gpu.sh reads /tmp/cudnn/env.sh)
 #
 # Sizes measured (2026-12-03), bytes:
 #   nvidia_cudnn_frontend-1.32.0-cp312        11,619,860  (the frontend; 4.5 MB pybind module, Python kernels)
@@ -23,7 +25,8 @@
 #   nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312  91,954,433  (MLIR compiler 193 MB and runtime 44 MB unpacked,
 #                                                          already stripped; xz -9e gets them to 63.5 MB only)
 #   apache_tvm_ffi-0.1.11-cp312-abi3           2,697,683  (the file .peers stages: one tvm-ffi for every peer)
-#   in all                                   110,968,149  (105.8 MiB: two parts); about 330 MB installed
+#   in all                                   110,968,149  (105.8 MiB: parts of 46, 46 and 13.8 MiB); about
+#                                                          330 MB installed
 # Not staged: nvidia-cutlass-dsl-libs-cu12 4.8.1 (91,697,915; nvidia-cutlass-dsl's default flavour, which
 # its loader passes over when the driver supports CUDA 13, as torch cu130's does), and what the GPU image
 # already has: cuda-bindings (cuda-python 13.4.4 is a 7,594-byte meta package over cuda-bindings 13.4.4,
@@ -35,7 +38,7 @@
 # Needs python3 with pip, tar, split, numfmt and sha256sum.
 set -eu
 cudnn_ver=1.32.0 dsl_ver=4.8.1 tvm_ver=0.1.11
-part_mib=${PART_MIB:-54}
+part_mib=${PART_MIB:-46}
 root=$(git rev-parse --show-toplevel)
 dst="$root/.cudnn"
 tmp=$(mktemp -d)

@@ -35,7 +35,7 @@
 #
 # Then it writes DEST (default .flashinfer-VERSION; git-ignored, replaced on each run): one tar.xz of the
 # staged release and the fallback wheels, cut by staging/parts.sh into parts of at most $PART_MIB MiB
-# (default 54; 0.7.4 makes one of about 23 MiB), part N in DEST/N/ with unpack.sh, parts.sh and
+# (default 46; 0.7.4 makes one of 23.5 MiB), part N in DEST/N/ with unpack.sh, parts.sh and
 # SHA256SUMS, and MANIFEST.txt. The staged release, as the host
 # gets it in /tmp/staged/flashinfer-VERSION: flashinfer/ from the wheel (every file outside data/ but
 # C/C++/CUDA sources, which belong to other JIT modules; data/include, data/cccl, data/spdlog; of
@@ -59,7 +59,7 @@ grep -q "^[0-9a-f]\{64\}  $(printf '%s' "$whl_name" | sed 's/[.]/[.]/g')\$" "$ta
 tvm_ver=0.1.11 curand_ver=10.4.5.25 cuobjdump_ver=13.2.51   # the build's helpers (tvm-ffi: .peers' own)
 # The pure-Python wheels `import flashinfer` needs, as MODULE:WHEEL-PREFIX; installed only where missing.
 deps="pynvml:nvidia_ml_py requests:requests urllib3:urllib3 idna:idna charset_normalizer:charset_normalizer certifi:certifi packaging:packaging"
-part_mib=${PART_MIB:-54}
+part_mib=${PART_MIB:-46}
 dest_name=${DEST:-.flashinfer-$ver}
 dst="$root/$dest_name"
 cache=${STAGING_CACHE:-$HOME/.cache/logitreplay-staging}/flashinfer-$ver

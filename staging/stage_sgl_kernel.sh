@@ -11,10 +11,10 @@
 # version, and the torch it requires: a release built for another torch says so when it fails to load).
 # 0.4.6.post1 and later are built for torch 2.13.0 or 2.14.1 and do not load into torch 2.11 (staging/
 # README.md says why); staging one shows that in its columns. The result, one tar.xz cut by
-# staging/parts.sh into parts of at most $PART_MIB MiB (default 54), goes to .sglang-kernel-VERSION/N/
-# (git-ignored, replaced on each run) with unpack.sh, parts.sh, SHA256SUMS and MANIFEST.txt; unpack.sh
-# lays the release out in DIR (default /tmp/staged/sglang-kernel-VERSION), where bench/peers_gpu.sh
-# finds it:
+# staging/parts.sh into parts of at most $PART_MIB MiB (default 46; 0.4.10 makes one of 7.3 MiB), goes to
+# .sglang-kernel-VERSION/N/ (git-ignored, replaced on each run) with unpack.sh, parts.sh, SHA256SUMS and
+# MANIFEST.txt; unpack.sh lays the release out in DIR (default /tmp/staged/sglang-kernel-VERSION), where
+# bench/peers_gpu.sh finds it:
 #   with .sglang-kernel-0.4.6/1 in the tree: bash .sglang-kernel-0.4.6/1/unpack.sh
 # Needs python3 with pip, unzip, tar, xz, split, numfmt and sha256sum.
 set -euo pipefail
@@ -25,7 +25,7 @@ case $ver in  # the wheels read; another release needs its line here
   *) echo "stage_sgl_kernel: no sha256 for sglang-kernel $ver here (0.4.6, 0.4.10)" >&2; exit 1 ;;
 esac
 whl_name=sglang_kernel-$ver-cp310-abi3-manylinux2014_x86_64.whl
-part_mib=${PART_MIB:-54}
+part_mib=${PART_MIB:-46}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(git rev-parse --show-toplevel)
 dst="$root/.sglang-kernel-$ver"

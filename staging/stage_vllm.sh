@@ -7,7 +7,8 @@
 #   bash staging/stage_vllm.sh                            (writes .vllm-parts/)
 #   DEST=.vllm-parts-0.34.0 bash staging/stage_vllm.sh    (a second release beside the first)
 # It writes $DEST (git-ignored, replaced on each run; default .vllm-parts): one tar of the two .xz files
-# and VERSION cut by staging/parts.sh into parts of at most $PART_MIB MiB (default 54), part N in
+# and VERSION cut by staging/parts.sh into parts of at most $PART_MIB MiB (default 46: a part and the tree of about
+# 15 MiB fit the 64 MiB of one run; 0.33.0 makes parts of 46 and 16.4 MiB, 0.34.0 of 46 and 11.9), part N in
 # $DEST/N/ with unpack.sh, parts.sh and SHA256SUMS (the parts', the tar's and the decompressed
 # libraries'), and MANIFEST.txt. Each part travels in a run of its own; unpack.sh keeps the parts in
 # DIR/parts and, once it has them all, lays the release out in DIR (default /tmp/staged/vllm-VERSION) as
@@ -24,7 +25,7 @@
 # Later runs on the same host (before it clears /tmp) need neither part: fidelity_gpu.sh finds the files.
 # Needs tar, xz, split, numfmt and sha256sum.
 set -euo pipefail
-part_mib=${PART_MIB:-54}
+part_mib=${PART_MIB:-46}
 root=$(git rev-parse --show-toplevel)
 src="$root/.vllm"
 dst="$root/${DEST:-.vllm-parts}"
