@@ -491,6 +491,26 @@ claim("target-split-decode")(functools.partial(
 claim("target-cliffs")(functools.partial(
     target_table, rel=peers_rel("stress", TARGET_RUNS), score=targets.capacity_cliffs,
     head=["case", "flooded values", *(f"{k} us (after / before)" for k in targets.BUNDLED_KERNELS)]))
+DET_SUITES = ("indexer-decode", "indexer", "stress")  # the suites whose latest peers run has the -det modes
+
+
+@claim("peers-det-cost")
+def peers_det_cost(root: Path) -> str:
+    """bench/PEERS.md: what each deterministic mode costs over its default, per suite (targets.det_cost)."""
+    rows, misses, sources = [], [], []
+    for suite in DET_SUITES:
+        rel = peers_rel(suite)
+        report = load(root, rel)
+        got, missed = targets.det_cost(report)
+        rows += [[suite, *r] for r in got]
+        misses += [f"{m} ({suite})" for m in missed]
+        sources.append(source(root, rel, report["environment"]))
+    head = ["suite", "deterministic mode", "cases", "its time / default: least / median / most",
+            f"within {targets.DET_TARGET}x", "us it adds"]
+    return "\n".join([table(head, rows), "", "Misses of the bundled modes: " + ("; ".join(misses) or "none") + ".",
+                      "", *sources])
+
+
 # `auto` by the committed rule, replayed beside its selectors on each of issue 28's suites.
 AUTO_RUNS = "h200-2026-12-03/rebet"
 for _suite in ("stress", "indexer", "indexer-decode"):

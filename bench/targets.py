@@ -9,6 +9,9 @@
   copy into the replay's output where the adapter stages one (PEERS.md says which do).
 - No bundled kernel more than CLIFF_TARGET slower one value past a capacity limit than one value before
   it: the `stress` suite's flooded-bin pairs (`...-fN` and `...-fN+1`, same rows).
+- Each bundled kernel's deterministic mode (`native-det`, `deepselect-det`, `split-det`) within DET_TARGET
+  of its default mode's time on every case (`det_cost`; bench/PEERS.md, beside the peers' deterministic
+  calls, on the `indexer`, `indexer-decode` and `stress` runs with `--determinism`).
 - `auto` within 3% of the per-case fastest bundled kernel (its rule's selectors) on >= 90% of the `stress`, `indexer`
   and `indexer-decode` cases, never above 1.10x (bench/decisions.py's targets), scored on a replay of
   `auto` beside those selectors, with the feature or width that decided each case.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,9 @@ from logitreplay.selectors.auto import parse_note
 
 DECODE_TARGET = fidelity.DECODE_TARGET  # the same target bench/FIDELITY.md scores against vLLM
 CLIFF_TARGET = 1.3
+# A bundled kernel's deterministic mode (`NAME-det`: lowest indices at the cutoff, rows in ascending order)
+# within this of its default mode's time, case by case (issue 38).
+DET_TARGET = 1.15
 BUNDLED_KERNELS = ("native", "deepselect", "split")
 # What a DSA decode step runs in production among the peers (the upstream DeepSelect build is a
 # kernel-development reference, not a serving path on this GPU); a column `NAME@FOLDER` is NAME's.
@@ -109,6 +116,38 @@ def auto_vs_fastest(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]
     if score.cases and score.within < TARGET_SHARE * score.cases:
         misses.append(f"within 3% on {score.within} of {score.cases} cases")
     rows.append([f"**within 3%: {score.within} of {score.cases}**", "", "", "", ""])
+    return rows, misses
+
+
+def det_pairs(names: list[str]) -> list[tuple[str, str]]:
+    """(deterministic mode, its default) for every column `NAME-det[@FOLDER]` whose `NAME[@FOLDER]` ran
+    beside it: the bundled `-det` selectors and the peers' deterministic calls (cuDNN's, FlashInfer 0.7.4's)."""
+    pairs = []
+    for name in names:
+        base, at, folder = name.partition("@")
+        default = base.removesuffix("-det") + at + folder
+        if base.endswith("-det") and default in names:
+            pairs.append((name, default))
+    return pairs
+
+
+def det_cost(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """Per deterministic mode: the cases timed in both modes, its time over the default's (least, median,
+    most), how many cases are within DET_TARGET, and the microseconds it adds (least to most); and the
+    misses of the bundled modes (a peer's deterministic call has no target of ours)."""
+    by_case = [timed(c) for c in report["cases"]]
+    rows, misses = [], []
+    for det, default in det_pairs(list(report["selectors"])):
+        both = [(t[det], t[default]) for t in by_case if det in t and default in t]
+        if not both:
+            continue
+        ratios = sorted(d / b for d, b in both)
+        extra = [d - b for d, b in both]
+        within = sum(1 for r in ratios if r <= DET_TARGET)
+        rows.append([det, str(len(both)), f"{ratios[0]:.2f} / {statistics.median(ratios):.2f} / {ratios[-1]:.2f}",
+                     f"{within} of {len(both)}", f"{min(extra):.1f} to {max(extra):.1f}"])
+        if det.removesuffix("-det") in BUNDLED_KERNELS and within < len(both):
+            misses.append(f"{det}: {len(both) - within} of {len(both)} cases above {DET_TARGET}x")
     return rows, misses
 
 

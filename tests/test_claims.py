@@ -215,6 +215,27 @@ def test_auto_is_scored_per_case_with_what_decided_it_and_a_slow_choice_is_a_mis
     assert misses[2] == "within 3% on 7 of 9 cases"
 
 
+def test_each_deterministic_mode_is_scored_against_its_own_default_and_only_bundled_ones_miss(claims: ModuleType) -> None:
+    """targets.det_cost: `NAME-det[@FOLDER]` pairs with `NAME[@FOLDER]` (a staged release's deterministic
+    call with the same release's default); a bundled mode above 1.15x its default on a case is a miss, a
+    peer's is reported without one."""
+    import targets
+
+    def case(times: dict[str, float]) -> dict[str, object]:
+        return {"results": [{"selector": n, "status": "ok", "timing": {"median_us": t}} for n, t in times.items()]}
+
+    names = ["split", "split-det", "flashinfer-paged@fi", "flashinfer-paged-det@fi", "flashinfer-ragged-det@fi",
+             "cudnn-indexer-topk-det"]
+    report = {"selectors": names, "cases": [
+        case({"split": 20.0, "split-det": 22.0, "flashinfer-paged@fi": 10.0, "flashinfer-paged-det@fi": 20.0}),
+        case({"split": 20.0, "split-det": 40.0, "flashinfer-paged@fi": 10.0, "flashinfer-paged-det@fi": 11.0})]}
+    assert targets.det_pairs(names) == [("split-det", "split"), ("flashinfer-paged-det@fi", "flashinfer-paged@fi")]
+    rows, misses = targets.det_cost(report)
+    assert rows == [["split-det", "2", "1.10 / 1.55 / 2.00", "1 of 2", "2.0 to 20.0"],
+                    ["flashinfer-paged-det@fi", "2", "1.10 / 1.55 / 2.00", "1 of 2", "1.0 to 10.0"]]
+    assert misses == ["split-det: 1 of 2 cases above 1.15x"]
+
+
 def test_the_ab_table_names_each_revision_and_marks_a_tree_column_the_tree_has_left(claims: ModuleType,
                                                                                    tree: Path) -> None:
     """bench/deepselect_gpu.sh's A/B: each column's deepselect.cu is named; the `tree` column is the tree's
