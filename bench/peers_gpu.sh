@@ -62,8 +62,6 @@ if [ ! -f /tmp/peers/env.sh ]; then bash .peers/unpack.sh /tmp/peers > "$out/unp
 for u in $(find . -maxdepth 3 -path './.flashinfer-*/*/unpack.sh' | sort); do
   bash "$u" >> "$out/unpack.log" 2>&1 || { failed=1; echo "$u failed:"; tail -3 "$out/unpack.log"; }
 done
-python3 staging/name_releases.py /tmp/peers/site > "$out/releases.log" 2>&1 || echo "naming .peers' releases failed"
-echo "installed: $(tr '\n' ';' < "$out/releases.log")"
 echo "staged under ${STAGED:-/tmp/staged}: $(ls "${STAGED:-/tmp/staged}" 2> /dev/null | tr '\n' ' ')"
 export LOGITREPLAY_STAGED=${STAGED:-/tmp/staged}  # the GPU tests verify each staged release's columns too
 # cuDNN's indexer top-k, where the runs just before unpacked staging/stage_cudnn.sh's parts into /tmp/cudnn
@@ -77,6 +75,13 @@ if [ -n "$ds_tar" ]; then
 elif [ -d /tmp/dsdest/deep_select ]; then export PYTHONPATH=$PYTHONPATH:/tmp/dsdest  # an earlier run's
 else echo "deepselect: no .deepselect/prebuilt (shared/gpu/deepselect's README)"; fi
 export PYTHONPATH=/tmp/site:$PYTHONPATH:$PWD
+# every folder a peer's package is imported from, so that each report records the release that ran
+# (environment.peer_versions reads the distributions' metadata: SGLang's sources and upstream DeepSelect's
+# prebuilt folder come without any)
+for d in /tmp/peers/site /tmp/peers/sglang /tmp/dsdest; do
+  if [ -d "$d" ]; then python3 staging/name_releases.py "$d"; fi
+done > "$out/releases.log" 2>&1 || echo "naming the peers' releases failed"
+echo "installed: $(tr '\n' ';' < "$out/releases.log")"
 if [ "${TESTS:-1}" != 0 ]; then tests peers tests/gpu/test_gpu_peers.py; fi
 [ "${SUITES:-}" = none ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit "$failed"; }
 python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \

@@ -2,8 +2,10 @@
 trimmed packages `.peers` unpacks into /tmp/peers/site), so that bench/peers.py can tell an installed
 release from a staged release of the same package (`catalog.columns`): for each adapter's package found
 in DIR with no `*.dist-info` of its distribution, import it from DIR and write
-`DIST-VERSION.dist-info/METADATA` with the version it reports (`__version__`). Run on the GPU host by
-bench/peers_gpu.sh, from the project root:
+`DIST-VERSION.dist-info/METADATA` with the version it reports (`__version__`). The same metadata is what
+a report's `environment.peer_versions` reads, so a folder left unnamed records its package as not
+installed although its columns ran. Run on the GPU host by bench/peers_gpu.sh (on /tmp/peers/site,
+/tmp/peers/sglang and upstream DeepSelect's prebuilt folder), from the project root:
 
     python3 staging/name_releases.py /tmp/peers/site
 
