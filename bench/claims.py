@@ -513,10 +513,21 @@ def peers_det_cost(root: Path) -> str:
 
 # `auto` by the committed rule, replayed beside its selectors on each of issue 28's suites.
 AUTO_RUNS = "h200-2026-12-03/rebet"
-for _suite in ("stress", "indexer", "indexer-decode"):
+AUTO_SUITES = ("stress", "indexer", "indexer-decode")
+AUTO_HEAD = ["case", "auto chose", "decided by", "fastest", "auto / fastest"]
+for _suite in AUTO_SUITES:
     claim(f"target-auto-{_suite}")(functools.partial(
-        target_table, rel=f"{AUTO_RUNS}/auto-{_suite}.json", score=targets.auto_vs_fastest,
-        head=["case", "auto chose", "decided by", "fastest", "auto / fastest"]))
+        target_table, rel=f"{AUTO_RUNS}/auto-{_suite}.json", score=targets.auto_vs_fastest, head=AUTO_HEAD))
+# The peers runs of the tree after deepselect's split into phases (issues 41, 43): the fastest bundled kernel
+# against every production peer with the read floor, and `auto` by the same committed rule beside them.
+PHASES_RUNS = "h200-2026-12-05"
+claim("target-decode-2026-12-05")(functools.partial(
+    target_table, rel=peers_rel("indexer-decode", PHASES_RUNS), score=targets.bundled_vs_production,
+    head=["case", "read floor", "fastest bundled", "its us", "fastest production", "its us", "bundled / it",
+          "bundled / floor"]))
+for _suite in AUTO_SUITES:
+    claim(f"target-auto-{_suite}-2026-12-05")(functools.partial(
+        target_table, rel=peers_rel(_suite, PHASES_RUNS), score=targets.auto_vs_fastest, head=AUTO_HEAD))
 
 
 @claim("auto-heldout")
@@ -527,8 +538,8 @@ def auto_heldout(root: Path) -> str:
     cases = sum(len(v) for v in heldout.decisions.HELD_OUT.values())
     return "\n".join([
         f"Held out: {cases} cases of seven suites (`decisions.HELD_OUT`), scored on the committed H200 timings "
-        "(2026-12-03 for stress, indexer and indexer-decode; 2026-12-02 and the 2026-12-01 second runs for "
-        "seed-controls and decode): nothing here was replayed.", "",
+        "(2026-12-03 and the 2026-12-05 third runs for stress, indexer and indexer-decode; 2026-12-02 and the "
+        "2026-12-01 second runs for seed-controls and decode): nothing here was replayed.", "",
         *heldout.table(root / RESULTS), "",
         f"Within 3%: chosen / fastest of the rule's kernels timed in that run <= {heldout.NEAR_BEST}.",
         source(root, rel)])

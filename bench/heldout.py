@@ -1,6 +1,7 @@
 """`auto` out of sample: the rule refitted without decisions.HELD_OUT's cases (`decisions.py --hold-out --fit`),
-scored on those cases in the reports it was fitted from and in a second committed run of the same suites,
-each case three ways:
+scored on those cases in the reports it was fitted from and in the other committed runs of the same suites
+(a second run of each; a third, of the tree after deepselect's split into phases, for stress, indexer and
+indexer-decode), each case three ways:
 
 - **labelled**: the case's kind as the report recorded it (a decode suite's cases carry `kind: decode`);
 - **unlabeled**: the label stripped, the kind read off the case's bounds (archive/shape.py), as `auto`
@@ -30,15 +31,18 @@ from logitreplay.selectors.auto import DispatchRule
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FOLDER = "h200-2026-12-03/rebet/auto-heldout"  # the refitted rule.json, its fit.md and the features cache
-# suite -> the report the rule was fitted from, and a second committed run of the suite (None: none)
-RUNS: dict[str, tuple[str, str | None]] = {
+# suite -> the report the rule was fitted from, then the other committed runs of the suite it is scored on
+TODAY = "h200-2026-12-05"  # the peers runs of the tree after deepselect's split into phases
+RUNS: dict[str, tuple[str, ...]] = {
     "seed-controls": ("h200-2026-12-02/seed-controls.json", "h200-2026-12-02/peers-seed-controls.json"),
     "seed-controls-bf16": ("h200-2026-12-02/decisions/fit-seed-controls-bf16.json",
                            "h200-2026-12-02/peers-seed-controls-bf16.json"),
-    "stress": ("h200-2026-12-03/rebet/peers-stress.json", "h200-2026-12-03/rebet/auto-stress.json"),
-    "indexer": ("h200-2026-12-03/rebet/peers-indexer.json", "h200-2026-12-03/rebet/auto-indexer.json"),
+    "stress": ("h200-2026-12-03/rebet/peers-stress.json", "h200-2026-12-03/rebet/auto-stress.json",
+               f"{TODAY}/peers-stress.json"),
+    "indexer": ("h200-2026-12-03/rebet/peers-indexer.json", "h200-2026-12-03/rebet/auto-indexer.json",
+                f"{TODAY}/peers-indexer.json"),
     "indexer-decode": ("h200-2026-12-03/rebet/peers-indexer-decode.json",
-                       "h200-2026-12-03/rebet/auto-indexer-decode.json"),
+                       "h200-2026-12-03/rebet/auto-indexer-decode.json", f"{TODAY}/peers-indexer-decode.json"),
     "decode": ("h200-2026-12-02/peers-decode.json", "h200-2026-12-01/decode.json"),
     "decode-bf16": ("h200-2026-12-02/peers-decode-bf16.json", "h200-2026-12-01/decode-bf16.json"),
 }
@@ -72,8 +76,6 @@ def score(root: Path = RESULTS) -> list[Scored]:
     for suite, runs in RUNS.items():
         recipes = {r.case_id: r for r in synth.recipes(suite, "full")}
         for rel in runs:
-            if rel is None:
-                continue
             report = ReplayResult.from_json(json.loads((root / rel).read_text()))
             for case in report.cases:
                 among = [n for n in rule.selectors if case.timed(n)]
@@ -104,9 +106,9 @@ def table(root: Path = RESULTS) -> list[str]:
     lines = ["| suite | run | " + " | ".join(f"{m}: within 3%, worst" for m in MODES) + " |",
              "|---|---|" + "---|" * len(MODES)]
     for (suite, run), rows in groups.items():
-        which = "fitted" if run == RUNS[suite][0] else "second"
+        which = ("fitted", "second", "third")[RUNS[suite].index(run)]
         lines.append(f"| {suite} | {which}: `{run}` | " + " | ".join(_cell(rows, m) for m in MODES) + " |")
-    lines.append("| all | both | " + " | ".join(_cell(scored, m) for m in MODES) + " |")
+    lines.append("| all | every run | " + " | ".join(_cell(scored, m) for m in MODES) + " |")
     misses = [s for s in scored if max(s.ratio.values()) > NEAR_BEST]
     lines += ["", "| case | run | kind | " + " | ".join(f"{m}: chose, ratio" for m in MODES) + " |",
               "|---|---|---|" + "---|" * len(MODES)]

@@ -2,9 +2,10 @@
 (bench/peers.py's `peers-SUITE.json`): bench/claims.py renders these tables into bench/RESULTS.md.
 
 - `split` within DECODE_TARGET of the fastest verified production decode kernel on every `indexer-decode`
-  case. Production here means the peers that serve DSA decode (FlashInfer's transforms, SGLang's v2,
-  sgl-kernel's fast_topk, cuDNN's indexer top-k); vLLM's own decode kernels are scored beside `split` in
-  bench/FIDELITY.md (bench/fidelity.py), from the run that loads its library. A peer whose answer failed
+  case, and the fastest bundled kernel against it with the case's read floor (issue 41). Production here
+  means every peer of the catalog but upstream DeepSelect (FlashInfer's transforms, SGLang's v2,
+  sgl-kernel's fast_topk, cuDNN's indexer top-k, and vLLM's kernels in a run that staged its library;
+  bench/FIDELITY.md also scores `split` against vLLM alone, bench/fidelity.py). A peer whose answer failed
   verification on a case is no competitor there. Each peer's time is its adapter's launch, including the
   copy into the replay's output where the adapter stages one (PEERS.md says which do).
 - No bundled kernel more than CLIFF_TARGET slower one value past a capacity limit than one value before
@@ -16,7 +17,7 @@
   and `indexer-decode` cases, never above 1.10x (bench/decisions.py's targets), scored on a replay of
   `auto` beside those selectors, with the feature or width that decided each case.
 
-    python bench/targets.py bench/results/h200-2026-12-03    # print both tables
+    python bench/targets.py bench/results/h200-2026-12-05    # print the decode and cliff tables
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +60,44 @@ def timed(case: dict[str, Any]) -> dict[str, float]:
             if r["status"] == "ok" and r.get("timing")}
 
 
+def fastest(times: dict[str, float], among: Callable[[str], bool]) -> tuple[str, float] | None:
+    """The fastest of the columns `among` accepts, and its time (None: no such column was timed)."""
+    kept = {c: us for c, us in times.items() if among(c)}
+    return min(kept.items(), key=lambda kv: kv[1]) if kept else None
+
+
 def split_vs_production(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
     """Per case: split, the fastest verified production peer and its time, the ratio; and the misses."""
     rows, misses = [], []
     for case in report["cases"]:
         t = timed(case)
-        rivals = {p: us for p, us in t.items() if production(p)}
-        if "split" not in t or not rivals:
+        rival = fastest(t, production)
+        if "split" not in t or rival is None:
             continue
-        best = min(rivals, key=rivals.__getitem__)
-        r = t["split"] / rivals[best]
-        rows.append([case["case_id"], f"{t['split']:.1f}", best, f"{rivals[best]:.1f}",
+        best, its = rival
+        r = t["split"] / its
+        rows.append([case["case_id"], f"{t['split']:.1f}", best, f"{its:.1f}",
                      f"{r:.2f}" + ("" if r <= DECODE_TARGET else " **miss**")])
         if r > DECODE_TARGET:
             misses.append(f"{case['case_id']}: split {r:.2f}x {best}")
+    return rows, misses
+
+
+def bundled_vs_production(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """Per case: its read floor, the fastest bundled kernel and the fastest verified production kernel with
+    their times, the ratio of the two (a miss above DECODE_TARGET) and the bundled kernel's over the floor."""
+    rows, misses = [], []
+    for case in report["cases"]:
+        t = timed(case)
+        ours, rival = fastest(t, BUNDLED_KERNELS.__contains__), fastest(t, production)
+        if ours is None or rival is None:
+            continue
+        r = ours[1] / rival[1]
+        rows.append([case["case_id"], f"{case['floor_us']:.1f}", ours[0], f"{ours[1]:.1f}", rival[0],
+                     f"{rival[1]:.1f}", f"{r:.2f}" + ("" if r <= DECODE_TARGET else " **miss**"),
+                     f"{ours[1] / case['floor_us']:.1f}"])
+        if r > DECODE_TARGET:
+            misses.append(f"{case['case_id']}: {ours[0]} {r:.2f}x {rival[0]}")
     return rows, misses
 
 
@@ -153,7 +179,8 @@ def det_cost(report: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
 
 def main() -> None:
     folder = Path(sys.argv[1])
-    for suite, fn in (("indexer-decode", split_vs_production), ("stress", capacity_cliffs)):
+    for suite, fn in (("indexer-decode", split_vs_production), ("indexer-decode", bundled_vs_production),
+                      ("stress", capacity_cliffs)):
         rows, misses = fn(json.loads((folder / f"{peers.PREFIX}{suite}.json").read_text()))
         print(f"{suite}:", *("  " + " | ".join(r) for r in rows), f"  misses: {misses or 'none'}", sep="\n")
 
