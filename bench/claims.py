@@ -601,14 +601,11 @@ def decisions(root: Path) -> str:
     return (root / RESULTS / rel).read_text().splitlines()[0] + "\n\n" + record_table(root, rel)
 
 
-@claim("deepselect-bets")
-def deepselect_bets(root: Path) -> str:
-    return record_table(root, "cpu-2026-12-03/deepselect-bets.md")
-
-
-@claim("deepselect-flood")
-def deepselect_flood(root: Path) -> str:
-    return record_table(root, "cpu-2026-12-03/deepselect-flood.md")
+# bench/deepselect_bets.py's records: the CPU model's lost bets by shape, on the flooded bins, per decode case.
+for _name, _rel in (("deepselect-bets", "cpu-2026-12-03/deepselect-bets.md"),
+                    ("deepselect-flood", "cpu-2026-12-03/deepselect-flood.md"),
+                    ("deepselect-decode-work", "cpu-2026-12-05/deepselect-decode-work.md")):
+    claim(_name)(functools.partial(record_table, rel=_rel))
 
 
 @claim("codecs")

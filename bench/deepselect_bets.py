@@ -8,10 +8,12 @@ printed is a Markdown table of the share of rows redone (and the candidates per 
 `--flood` instead runs the model over the `stress` suite's flooded-bin cases (full scale: N values in one
 coarse bin above every other value, at the capacities of the kernels): per case, the rows redone and the
 most compactions of one row. With one block per row a launch lasts as long as its slowest row, so one
-lost bet in 33 rows sets the time of the launch.
+lost bet in 33 rows sets the time of the launch. `--suite SUITE` prints the same for every case of a
+suite (every row of each full-scale case).
 
     python bench/deepselect_bets.py [--rows 16]
     python bench/deepselect_bets.py --flood
+    python bench/deepselect_bets.py --suite indexer-decode
 """
 
 from __future__ import annotations
@@ -42,16 +44,21 @@ def distributions(x: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def flood() -> None:
-    print("| case | rows | flooded values | rows redone | most compactions of a row | candidates per row |")
-    print("|---|---|---|---|---|---|")
-    for recipe in synth.recipes("stress", "full"):
-        if not isinstance(recipe, synth.FloodRecipe):
+def suite_work(suite: str, flood_only: bool = False) -> None:
+    """The model over every row of each full-scale case of `suite` (`flood_only`: the flooded-bin cases,
+    with their flooded count): per case, the rows redone, the most compactions of one row and the mean
+    candidates per row."""
+    flood = " flooded values |" if flood_only else ""
+    print(f"| case | rows |{flood} rows redone | most compactions of a row | candidates per row |")
+    print("|---|---|" + ("---|" if flood else "") + "---|---|---|")
+    for recipe in synth.recipes(suite, "full"):
+        if flood_only and not isinstance(recipe, synth.FloodRecipe):
             continue
         case = synth.generate(recipe)
         starts, ends = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
         _, work = cpu_models.deepselect_topk(case.padded(), starts, ends, case.top_k)
-        print(f"| {case.case_id} | {case.rows} | {recipe.flood} | {int(work.redone.sum())} | "
+        flooded = f" {recipe.flood} |" if flood_only else ""
+        print(f"| {case.case_id} | {case.rows} |{flooded} {int(work.redone.sum())} | "
               f"{int(work.compactions.max())} | {work.appended.mean():.0f} |")
 
 
@@ -59,9 +66,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=16, help="rows per case")
     ap.add_argument("--flood", action="store_true", help="the stress suite's flooded-bin cases instead")
+    ap.add_argument("--suite", help="every case of this suite at full scale instead (e.g. indexer-decode)")
     args = ap.parse_args()
-    if args.flood:
-        flood()
+    if args.flood or args.suite:
+        suite_work(args.suite or "stress", flood_only=args.flood)
         return
     t0 = time.time()
     table: dict[str, list[str]] = {}
