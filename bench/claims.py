@@ -601,10 +601,11 @@ def decisions(root: Path) -> str:
     return (root / RESULTS / rel).read_text().splitlines()[0] + "\n\n" + record_table(root, rel)
 
 
-# bench/deepselect_bets.py's records: the CPU model's lost bets by shape, on the flooded bins, per decode case.
+# bench/deepselect_bets.py's records: the CPU model's lost bets by shape, on the flooded bins, per case of a suite.
 for _name, _rel in (("deepselect-bets", "cpu-2026-12-03/deepselect-bets.md"),
                     ("deepselect-flood", "cpu-2026-12-03/deepselect-flood.md"),
-                    ("deepselect-decode-work", "cpu-2026-12-05/deepselect-decode-work.md")):
+                    ("deepselect-decode-work", "cpu-2026-12-05/deepselect-decode-work.md"),
+                    ("deepselect-bf16-work", "cpu-2026-12-05/deepselect-seed-controls-bf16-work.md")):
     claim(_name)(functools.partial(record_table, rel=_rel))
 
 
