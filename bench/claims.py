@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
-import hashlib
 import json
 import re
 import sys
@@ -155,7 +154,11 @@ def kernel_mark(root: Path, rel: str) -> str:
     recorded no digests (it predates them), or names each kernel whose sources have changed since."""
     if KERNEL_FREE.search(rel):
         return ""
-    sources, ran = ran_sources(root, rel)
+    return stale_mark(root, *ran_sources(root, rel))
+
+
+def stale_mark(root: Path, sources: dict[str, str] | None, ran: list[str]) -> str:
+    """`kernel_mark` of a run that recorded `sources` (the kernels' digests) and ran the kernels `ran`."""
     if not ran:
         return ""
     if not sources:
@@ -430,9 +433,9 @@ def deepselect_ab_2026_12_05(root: Path) -> str:
         lines += [f"**{suite}** (median us; xN.NN = / {AB_BASE})", "", table(head, rows), ""]
     report = load(root, f"{AB_RUN}/{AB_SUITES[0]}.json")
     built = {r["selector"]: (r["reason"] or "").partition(";")[0] for r in report["cases"][0]["results"]}
-    tree = hashlib.sha256((root / SELECTORS / "cuda" / "deepselect.cu").read_bytes()).hexdigest()
-    mark = "" if tree.startswith(built[AB_TREE].rpartition("sha256 ")[2]) else (
-        f" {OLDER}**: the tree's deepselect.cu is now sha256 {tree[:12]}.")
+    # the tree column is the deepselect of the tree the run recorded (its sources' digests): marked as any
+    # table is once those sources change, its headers and config included
+    mark = stale_mark(root, report["environment"].get("kernel_sources"), ["deepselect"])
     failed = sorted({r["selector"] for c in report["cases"] for r in c["results"] if r["status"] != "ok"})
     return "\n".join([
         *lines, "Columns: " + "; ".join(f"{k}: {v}" for k, v in built.items() if k not in failed) + "." + mark,

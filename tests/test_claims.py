@@ -239,11 +239,17 @@ def test_each_deterministic_mode_is_scored_against_its_own_default_and_only_bund
 def test_the_ab_table_names_each_revision_and_marks_a_tree_column_the_tree_has_left(claims: ModuleType,
                                                                                    tree: Path) -> None:
     """bench/deepselect_gpu.sh's A/B: each column's deepselect.cu is named; the `tree` column is the tree's
-    kernel only while deepselect.cu is what the run built, and a column that failed to load is said so."""
+    kernel only while deepselect's sources (its headers too) are what the run built, and a column that
+    failed to load is said so."""
+    claims.tree_digests.cache_clear()
     block = claims.RENDERERS["deepselect-ab-2026-12-05"](tree)
     assert "deepselect@pre-rebet: deepselect.cu of 08912d3^ (171a031)" in block and "older kernel" not in block
     assert "No time (the column failed to load): bench.deepselect_ab:main" in block
-    kernel = tree / claims.SELECTORS / "cuda/deepselect.cu"
-    kernel.write_text(kernel.read_text() + "\n// edited after the run\n")
-    assert "Measured on an older kernel**: the tree's deepselect.cu is now sha256" in (
-        claims.RENDERERS["deepselect-ab-2026-12-05"](tree))
+    for source in ("cuda/common.cuh", "cuda/deepselect.cu"):
+        kernel = tree / claims.SELECTORS / source
+        text = kernel.read_text()
+        kernel.write_text(text + "\n// edited after the run\n")
+        claims.tree_digests.cache_clear()
+        assert "Measured on an older kernel**: the sources of deepselect (" in (
+            claims.RENDERERS["deepselect-ab-2026-12-05"](tree))
+        kernel.write_text(text)
