@@ -229,17 +229,15 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 sums="$here/SHA256SUMS"
 mod=$(sed -n 's/^module \([0-9a-f]\{64\}\)  .*/\1/p' "$sums")
-unpacked() {  # the dist-info, written last, and the module as summed
-  [ -f "$T/flashinfer_python-$rel.dist-info/METADATA" ] &&
-    [ "$(sha256sum < "$T/flashinfer/data/aot/topk/topk.so" 2> /dev/null | cut -c1-64)" = "$mod" ] &&
+unpacked() {  # the dist-info, written last, and the module as summed; names both for the steps below
+  so="$T/flashinfer/data/aot/topk/topk.so" info="$T/flashinfer_python-$rel.dist-info"
+  [ -f "$info/METADATA" ] && [ "$(sha256sum < "$so" 2> /dev/null | cut -c1-64)" = "$mod" ] &&
     echo "FlashInfer $rel already unpacked in $T"
 }
 . "$here/parts.sh"
 # sets rel and T; exits 0 where unpacked already or while parts are missing
 unpack_part "$here" "${STAGED:-/tmp/staged}/flashinfer-{release}" unpacked "${1:-}"
 PY=${FLASHINFER_PYTHON:-python3}
-so="$T/flashinfer/data/aot/topk/topk.so"
-info="$T/flashinfer_python-$rel.dist-info"
 name=$(sed -n 's/^whole [0-9a-f]\{64\}  //p' "$sums")
 rm -rf "$info" "$T/flashinfer" "$T/deps"
 tar -C "$T" -xJf "$T/$name"
