@@ -23,6 +23,7 @@ import math
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -214,11 +215,8 @@ def _determinism_cell(results: list[dict[str, Any]]) -> str:
 
 def _policy_cell(results: list[dict[str, Any]]) -> str:
     """The tie policies shown over the cases that offered a choice, each with its number of cases."""
-    counts: dict[str, int] = {}
-    for r in results:
-        if r.get("tie_policy"):
-            counts[r["tie_policy"]] = counts.get(r["tie_policy"], 0) + 1
-    return ", ".join(f"{p} ({n})" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
+    counts = Counter(r["tie_policy"] for r in results if r.get("tie_policy"))
+    return ", ".join(f"{p} ({n})" for p, n in counts.most_common()) or "-"
 
 
 def _agreement_cell(cases: list[dict[str, Any]], name: str) -> str:
