@@ -220,12 +220,17 @@ def case_ids(config: ReplayConfig) -> list[str]:
     return ids if config.case_indices is None else [ids[p] for p in sorted(set(config.case_indices))]
 
 
+def _alone(config: ReplayConfig) -> bool:
+    """Whether each selector runs in a worker of its own, supervised alone: under `isolate` or a timeout."""
+    return config.isolate or config.timeout_s is not None
+
+
 def worker_groups(config: ReplayConfig) -> list[list[int]]:
     """The selectors (indices into `config.selectors`) of each worker process a replay runs, one worker
     after another: one selector each under `isolate` or a timeout, else as few groups as keep two builds
     of one library or package apart (`process_groups`; one group when nothing clashes). The distributed
     replay asks too, to know whether a case's result is whole as its one worker yields it."""
-    if config.isolate or config.timeout_s is not None:
+    if _alone(config):
         return [[i] for i in range(len(config.selectors))]
     return process_groups(list(config.selectors))
 
@@ -267,7 +272,7 @@ def run_replay(config: ReplayConfig, progress: Progress = _no_progress) -> Repla
         torch.cuda.empty_cache()  # the workers replay on this device: keep none of its memory here
     result = ReplayResult(str(dev), label, protocol, env, baseline, columns, notes=notes)
     groups = process_groups(list(config.selectors))
-    alone = config.isolate or config.timeout_s is not None
+    alone = _alone(config)
     job = Job((), (), pinned, config.suite, config.scale or "small", str(dev), protocol.to_json(), config.poison,
               read_bandwidth, controls=config.controls, case_globs=config.case_globs, case_regex=config.case_regex,
               only=config.case_indices, min_recall=config.tolerate_recall, determinism=config.determinism)
