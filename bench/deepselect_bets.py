@@ -9,20 +9,25 @@ printed is a Markdown table of the share of rows redone (and the candidates per 
 coarse bin above every other value, at the capacities of the kernels): per case, the rows redone and the
 most compactions of one row. With one block per row a launch lasts as long as its slowest row, so one
 lost bet in 33 rows sets the time of the launch. `--suite SUITE` prints the same for every case of a
-suite (every row of each full-scale case).
+suite (every row of each full-scale case). `--device cuda` reads the same counters from the kernel's own
+work record (its work build, `-DLR_WORK_RECORD`) instead, and says on how many rows the model agrees, so
+the table is a measurement of the kernel in the tree, not a model of it.
 
     python bench/deepselect_bets.py [--rows 16]
     python bench/deepselect_bets.py --flood
-    python bench/deepselect_bets.py --suite indexer-decode
+    python bench/deepselect_bets.py --suite indexer-decode [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import fields
 
+import numpy as np
 import torch
 
+from logitreplay.archive import Case
 from logitreplay.datasets import synth
 from logitreplay.selectors import cpu_models
 
@@ -44,22 +49,51 @@ def distributions(x: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def suite_work(suite: str, flood_only: bool = False) -> None:
+def kernel_work(case: Case, device: str) -> dict[str, np.ndarray]:
+    """One launch of deepselect's work build on `case`: counter name -> per-row counts, named and ordered
+    as the model's `DeepSelectWork`."""
+    from logitreplay.selectors.cuda.kernels import DeepSelectCuda  # only where a GPU is asked for
+
+    logits = case.padded(device=device)
+    starts, ends = (torch.from_numpy(a).to(device) for a in (case.row_starts, case.row_ends))
+    out = torch.empty((case.rows, case.top_k), dtype=torch.int32, device=device)
+    launch = DeepSelectCuda(work=True).prepare(logits, starts, ends, case.top_k, out)
+    launch()
+    torch.cuda.synchronize()
+    record = launch.work(case.rows)
+    return {f.name: record[:, i] for i, f in enumerate(fields(cpu_models.DeepSelectWork))}
+
+
+def suite_work(suite: str, flood_only: bool = False, device: str | None = None) -> None:
     """The model over every row of each full-scale case of `suite` (`flood_only`: the flooded-bin cases,
     with their flooded count): per case, the rows redone, the most compactions of one row and the mean
-    candidates per row."""
+    candidates per row. With `device`, the counts are the kernel's work record, and a last column gives the
+    rows on which the model's counts differ from it (rows shorter than k, which the kernel copies without
+    counting, left out of `appended`)."""
     flood = " flooded values |" if flood_only else ""
-    print(f"| case | rows |{flood} rows redone | most compactions of a row | candidates per row |")
-    print("|---|---|" + ("---|" if flood else "") + "---|---|---|")
+    agree = " rows the model differs on |" if device else ""
+    print(f"| case | rows |{flood} rows redone | most compactions of a row | candidates per row |{agree}")
+    print("|---|---|" + ("---|" if flood else "") + "---|---|---|" + ("---|" if device else ""))
     for recipe in synth.recipes(suite, "full"):
         if flood_only and not isinstance(recipe, synth.FloodRecipe):
             continue
         case = synth.generate(recipe)
         starts, ends = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
-        _, work = cpu_models.deepselect_topk(case.padded(), starts, ends, case.top_k)
+        _, model = cpu_models.deepselect_topk(case.padded(), starts, ends, case.top_k)
+        counts = {f.name: np.asarray(getattr(model, f.name)) for f in fields(model)}
+        differs = ""
+        if device:
+            measured, selecting = kernel_work(case, device), case.lengths > case.top_k
+            bad = np.zeros(case.rows, dtype=bool)
+            for name, got in measured.items():
+                rows = selecting if name == "appended" else np.ones(case.rows, dtype=bool)
+                bad |= rows & (got != counts[name])
+            counts, differs = measured, f" {int(bad.sum())} |"
         flooded = f" {recipe.flood} |" if flood_only else ""
-        print(f"| {case.case_id} | {case.rows} |{flooded} {int(work.redone.sum())} | "
-              f"{int(work.compactions.max())} | {work.appended.mean():.0f} |")
+        sel = case.lengths > case.top_k
+        appended = counts["appended"][sel].mean() if sel.any() else 0.0
+        print(f"| {case.case_id} | {case.rows} |{flooded} {int(counts['redone'].sum())} | "
+              f"{int(counts['compactions'].max())} | {appended:.0f} |{differs}", flush=True)
 
 
 def main() -> None:
@@ -67,9 +101,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16, help="rows per case")
     ap.add_argument("--flood", action="store_true", help="the stress suite's flooded-bin cases instead")
     ap.add_argument("--suite", help="every case of this suite at full scale instead (e.g. indexer-decode)")
+    ap.add_argument("--device", default=None,
+                    help="with --suite or --flood: the kernel's work record on this device (cuda), not the model")
     args = ap.parse_args()
     if args.flood or args.suite:
-        suite_work(args.suite or "stress", flood_only=args.flood)
+        suite_work(args.suite or "stress", flood_only=args.flood, device=args.device)
         return
     t0 = time.time()
     table: dict[str, list[str]] = {}
