@@ -236,6 +236,27 @@ def test_each_deterministic_mode_is_scored_against_its_own_default_and_only_bund
     assert misses == ["split-det: 1 of 2 cases above 1.15x"]
 
 
+def test_the_fastest_bundled_kernel_is_held_to_the_read_floor_of_long_rows_and_prefill_chunks(
+        claims: ModuleType) -> None:
+    """targets.bundled_vs_production: a case of 2^18 columns or more (prefill or decode) misses above 1.3x
+    its read floor, a prefill chunk of 25,600-163,840 columns above 1.5x, and a 163,840-wide decode batch
+    has no floor target; a production peer faster than every bundled kernel is a miss too."""
+    import targets
+
+    def case(cid: str, cols: int, kind: str, floor: float, times: dict[str, float]) -> dict[str, object]:
+        return {"case_id": cid, "cols": cols, "kind": kind, "floor_us": floor,
+                "results": [{"selector": n, "status": "ok", "timing": {"median_us": t}} for n, t in times.items()]}
+
+    report = {"cases": [case("long", 1 << 20, "decode", 10.0, {"split": 14.0, "vllm-persistent@v": 15.0}),
+                        case("long-ok", 262144, "prefill", 10.0, {"deepselect": 12.9, "sglang-ragged-v2": 13.0}),
+                        case("chunk", 102400, "prefill", 10.0, {"deepselect": 14.0, "native": 16.0,
+                                                                  "sglang-ragged-v2": 15.0}),
+                        case("batch", 163840, "decode", 10.0, {"split": 40.0, "vllm-persistent@v": 30.0})]}
+    rows, misses = targets.bundled_vs_production(report)
+    assert [r[-1] for r in rows] == ["1.4 **miss**", "1.3", "1.4", "4.0"]
+    assert misses == ["long: split 1.40x its read floor (target 1.3)", "batch: split 1.33x vllm-persistent@v"]
+
+
 def test_the_ab_table_names_each_revision_and_marks_a_tree_column_the_tree_has_left(claims: ModuleType,
                                                                                    tree: Path) -> None:
     """bench/deepselect_gpu.sh's A/B: each column's deepselect.cu is named; the `tree` column is the tree's
