@@ -101,9 +101,10 @@ def run(args: argparse.Namespace) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     selectors = ",".join((*BUNDLED, *columns(args.staged)))
-    # --determinism 5: every verified column rerun five times under load (issue 38's report of each
-    # kernel: deterministic or not, beside its tie policy and agreement).
-    extra = ["--rule", AUTO_RULE, "--determinism", "5"]
+    # --determinism 5 (the default): every verified column rerun five times under load (issue 38's report
+    # of each kernel: deterministic or not, beside its tie policy and agreement); 0 leaves it out, for a
+    # suite whose report is about time alone, at a sixth of the verification's cost.
+    extra = ["--rule", AUTO_RULE] + (["--determinism", str(args.determinism)] if args.determinism else [])
     extra += (["--rounds", str(args.rounds)] if args.rounds else []) + \
         (["--warmup", str(args.warmup)] if args.warmup is not None else [])
     commands: dict[str, str] = {}
@@ -321,6 +322,8 @@ def main() -> None:
     ap.add_argument("--scale", default="full")
     ap.add_argument("--rounds", type=int, default=None, help="timing rounds (replay's --rounds)")
     ap.add_argument("--warmup", type=int, default=None, help="warmup calls (replay's --warmup)")
+    ap.add_argument("--determinism", type=int, default=5,
+                    help="reruns of every verified column under load (replay's --determinism; 0: none)")
     ap.add_argument("--deadline", type=float, default=None, help="seconds for all suites; later ones are skipped")
     ap.add_argument("--scratch", default="/tmp", help="where the probe archive is written")
     ap.add_argument("--staged", type=Path, default=None,

@@ -18,6 +18,7 @@
 # or another release of a peer laid out the same way. .peers' packages are named
 # (staging/name_releases.py) so that the installed release keeps its column beside a staged one of the
 # same package.
+# DETERMINISM=0: no reruns under load (peers.py --determinism; 5 by default).
 # Exits 1 when any step failed (each is still tried), 3 when the set-up did.
 set -uo pipefail
 out=${OUT:-out/peers}
@@ -86,7 +87,8 @@ if [ "${TESTS:-1}" != 0 ]; then tests peers tests/gpu/test_gpu_peers.py; fi
 [ "${SUITES:-}" = none ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit "$failed"; }
 python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \
   --staged "${STAGED:-/tmp/staged}" \
-  ${ROUNDS:+--rounds $ROUNDS} ${WARMUP:+--warmup $WARMUP} ${DEADLINE:+--deadline $DEADLINE} --md "$out/PEERS.md" \
+  ${ROUNDS:+--rounds $ROUNDS} ${WARMUP:+--warmup $WARMUP} ${DEADLINE:+--deadline $DEADLINE} \
+  ${DETERMINISM:+--determinism $DETERMINISM} --md "$out/PEERS.md" \
   > "$out/peers.log" 2>&1 || failed=1
 grep -v "^\s*$" "$out/peers.log" | tail -40
 echo "total: $(( $(date +%s) - t0 )) s"
