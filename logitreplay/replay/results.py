@@ -155,9 +155,20 @@ def report_fields(cls: Any) -> list[dataclasses.Field[Any]]:
 def decode(cls: type[T], data: Any) -> T:
     """The inverse of `encode` for `cls`, led by its field types (a nested result, a list of them, or
     a plain JSON value)."""
-    hints = typing.get_type_hints(cls)
-    kwargs = {f.name: _decode_value(hints[f.name], data[f.name]) for f in report_fields(cls) if f.name in data}
+    kwargs = {name: _decode_value(tp, data[name]) for name, tp in _field_types(cls) if name in data}
     return cls(**kwargs)
+
+
+_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The reported fields of a result type with their resolved types, once per type: resolving the
+    annotations is most of the cost of decoding a large report, which holds thousands of results."""
+    if cls not in _FIELD_TYPES:
+        hints = typing.get_type_hints(cls)
+        _FIELD_TYPES[cls] = tuple((f.name, hints[f.name]) for f in report_fields(cls))
+    return _FIELD_TYPES[cls]
 
 
 def _decode_value(tp: Any, value: Any) -> Any:
