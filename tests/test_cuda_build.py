@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -182,15 +183,36 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not build.DEFAU
                                 reason="needs nvcc")
 
 
+@dataclass
+class Built:
+    """`build-kernels --arch sm_90a --json` into an empty cache: its result, and the cache's files then."""
+
+    cache: Path
+    exit_code: int
+    output: str
+    files: list[Path]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """Every bundled kernel's default sm_90a build, compiled once into a cache of its own; the tests of
+    one library or of the variant builds (work, det) read their default builds from it, so that each
+    compiles only what it is about."""
+    cache = tmp_path_factory.mktemp("kernel-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOGITREPLAY_CACHE", str(cache))
+        res = CliRunner().invoke(main, ["build-kernels", "--arch", "sm_90a", "--json"])
+    return Built(cache, res.exit_code, res.output, sorted((cache / "kernels").glob("*")))
+
+
 @needs_nvcc
 @pytest.mark.slow
-def test_every_bundled_kernel_compiles_and_is_then_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("LOGITREPLAY_CACHE", str(tmp_path))
-    res = CliRunner().invoke(main, ["build-kernels", "--arch", "sm_90a", "--json"])
-    assert res.exit_code == 0, res.output
-    libs = sorted((tmp_path / "kernels").glob("*.so"))
+def test_every_bundled_kernel_compiles_and_is_then_cached(monkeypatch: pytest.MonkeyPatch, built: Built) -> None:
+    assert built.exit_code == 0, built.output
+    libs = [p for p in built.files if p.suffix == ".so"]
     assert [p.name.split("-")[0] for p in libs] == build.kernel_names()
-    assert not list((tmp_path / "kernels").glob("*.tmp"))  # built under a temporary name, then renamed
+    assert not [p for p in built.files if p.suffix == ".tmp"]  # built under a temporary name, then renamed
+    monkeypatch.setenv("LOGITREPLAY_CACHE", str(built.cache))
 
     def no_compiler(*args: object, **kwargs: object) -> None:
         raise AssertionError("nvcc ran again for a cached kernel")
@@ -202,10 +224,10 @@ def test_every_bundled_kernel_compiles_and_is_then_cached(monkeypatch: pytest.Mo
 
 @needs_nvcc
 @pytest.mark.slow
-def test_no_code_for_this_gpu_is_read_from_a_real_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_no_code_for_this_gpu_is_read_from_a_real_library(monkeypatch: pytest.MonkeyPatch, built: Built) -> None:
     """The architecture probe that makes an adapter say "no sm_100 code in ..." (loading.missing_arch),
     on a library nvcc really built for sm_90a: its fatbin holds one sm_90 cubin, which runs on 9.0 only."""
-    monkeypatch.setenv("LOGITREPLAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("LOGITREPLAY_CACHE", str(built.cache))
     lib = build.build("native", "sm_90a")
     assert loading.fatbin_archs(str(lib)) == {("cubin", 90)}
     loaded = loading.Loaded(str(lib), str(lib))
@@ -216,10 +238,10 @@ def test_no_code_for_this_gpu_is_read_from_a_real_library(monkeypatch: pytest.Mo
 
 @needs_nvcc
 @pytest.mark.slow
-def test_the_work_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_work_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch, built: Built) -> None:
     """The work record's build (WORK_FLAGS) is cached apart from the default one, and its workspace has
     one record per row after the default's; the default build's has none."""
-    monkeypatch.setenv("LOGITREPLAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("LOGITREPLAY_CACHE", str(built.cache))
     abi.entry_points.cache_clear()
     try:
         plain = abi.entry_points("native", "sm_90a")
@@ -234,11 +256,11 @@ def test_the_work_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch,
 @needs_nvcc
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["native", "deepselect", "split"])
-def test_the_deterministic_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+def test_the_deterministic_build_is_a_library_of_its_own(monkeypatch: pytest.MonkeyPatch, built: Built,
                                                          family: str) -> None:
     """The `-det` selectors' build (DET_FLAGS) compiles, is cached apart from the default one under a name
     that says so, and states its own top_k bound (split sorts a row's indices in its key cache)."""
-    monkeypatch.setenv("LOGITREPLAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("LOGITREPLAY_CACHE", str(built.cache))
     abi.entry_points.cache_clear()
     try:
         plain = build.build(family, "sm_90a")
