@@ -36,14 +36,14 @@ def test_isolated_hang_and_segfault_lose_only_their_own_results(tmp_path: Path) 
     res = CliRunner().invoke(main, [
         "replay", str(_archive(tmp_path, 2)), "--selectors", "reference,native",
         "--selector", f"{FAULTY}:make_segfault", "--selector", f"{FAULTY}:make_hang",
-        "--timeout", "10", "--json", str(out)])
+        "--timeout", "3", "--json", str(out)])
     assert res.exit_code == 0, res.output
     st = _statuses(out)
     assert [s for s, _ in st["reference"]] == ["ok", "ok"] and [s for s, _ in st["native"]] == ["ok", "ok"]
     # Killed on both cases: a new worker started for the second case after the first one died.
     assert all(s == "error" and "worker died: SIGSEGV" in (why or "") for s, why in st["segfault"])
     assert len(st["segfault"]) == 2
-    assert all(s == "error" and "timed out after 10 s" in (why or "") for s, why in st["hang"])
+    assert all(s == "error" and "timed out after 3 s" in (why or "") for s, why in st["hang"])
 
 
 def test_nonsense_launches_are_reported_and_good_selectors_still_time(tmp_path: Path) -> None:
