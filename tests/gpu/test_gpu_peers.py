@@ -73,6 +73,10 @@ def _verified(seen: list[tuple[str, str, str | None]]) -> None:
     assert all(status in ("ok", "unsupported") and reason for _, status, reason in seen), seen  # each says why
     if all(status == "unsupported" and (reason or "").startswith("no sm_") for _, status, reason in seen):
         pytest.skip(f"no code for this GPU: {seen[0][2]}")
+    # a release built against another torch's ABI (sglang-kernel 0.4.9 and newer: torch 2.14.1) declines
+    # every case with that one line, which is its column's answer on this torch, not a failure
+    if all(status == "unsupported" and " is built for torch " in (reason or "") for _, status, reason in seen):
+        pytest.skip(f"built for another torch: {seen[0][2]}")
     assert any(status == "ok" for _, status, _ in seen), seen
 
 
