@@ -454,7 +454,7 @@ def deepselect_decode(root: Path) -> str:
 
 
 # Each suite's latest peers run: its results folder.
-PEER_SUITES = {"probe": "h200-2026-12-02", "seed-controls": "h200-2026-12-02", "seed-controls-bf16": "h200-2026-12-02",
+PEER_SUITES = {"probe": "h200-2026-12-02", "seed-controls": "h100-2026-12-05", "seed-controls-bf16": "h200-2026-12-02",
                "decode": "h200-2026-12-02", "decode-bf16": "h200-2026-12-02", "stress": "h200-2026-12-05",
                "indexer": "h200-2026-12-05", "indexer-decode": "h200-2026-12-05"}
 # bench/RESULTS.md's targets of issue 28 stay scored on the runs its prose describes (the peers without
