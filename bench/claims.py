@@ -528,6 +528,15 @@ claim("target-decode-2026-12-05")(functools.partial(
     target_table, rel=peers_rel("indexer-decode", PHASES_RUNS), score=targets.bundled_vs_production,
     head=["case", "read floor", "fastest bundled", "its us", "fastest production", "its us", "bundled / it",
           "bundled / floor"]))
+# seed-controls beside every peer, on the H100 lent on 2026-12-05 (bench/PEERS.md's section).
+H100_RUNS = "h100-2026-12-05"
+claim("target-seed-controls-h100")(functools.partial(
+    target_table, rel=peers_rel("seed-controls", H100_RUNS), score=targets.bundled_vs_production,
+    head=["case", "read floor", "fastest bundled", "its us", "fastest production", "its us", "bundled / it",
+          "bundled / floor"]))
+claim("deepselect-upstream-h100")(functools.partial(
+    target_table, rel=peers_rel("seed-controls", H100_RUNS), score=targets.deepselect_vs_upstream,
+    head=["case", "dtype", "deepselect", "deepselect-upstream", "deepselect / upstream"]))
 for _suite in AUTO_SUITES:
     claim(f"target-auto-{_suite}-2026-12-05")(functools.partial(
         target_table, rel=peers_rel(_suite, PHASES_RUNS), score=targets.auto_vs_fastest, head=AUTO_HEAD))
@@ -604,11 +613,12 @@ def decisions(root: Path) -> str:
     return (root / RESULTS / rel).read_text().splitlines()[0] + "\n\n" + record_table(root, rel)
 
 
-# bench/deepselect_bets.py's records: the CPU model's lost bets by shape, on the flooded bins, per case of a suite.
+# bench/deepselect_bets.py's records: the CPU model's lost bets by shape and on the flooded bins; the kernel's
+# own work record (--device cuda) per case of a suite.
 for _name, _rel in (("deepselect-bets", "cpu-2026-12-03/deepselect-bets.md"),
                     ("deepselect-flood", "cpu-2026-12-03/deepselect-flood.md"),
-                    ("deepselect-decode-work", "cpu-2026-12-05/deepselect-decode-work.md"),
-                    ("deepselect-bf16-work", "cpu-2026-12-05/deepselect-seed-controls-bf16-work.md")):
+                    ("deepselect-decode-work", "h100-2026-12-05/deepselect-indexer-decode-work-kernel.md"),
+                    ("deepselect-bf16-work", "h100-2026-12-05/deepselect-seed-controls-bf16-work-kernel.md")):
     claim(_name)(functools.partial(record_table, rel=_rel))
 
 
