@@ -50,6 +50,8 @@ REFERENCE = "native-det"
 PROBE_COUNTS = (2049, 4000, 4096, 4097, 4200, 6000, 8192, 16384)
 PROBE_COLS = 32768
 PREFIX = "peers-"
+# Seconds a replay stopped at the --deadline gets to write its partial report before it is killed.
+STOP_GRACE_S = 30
 
 
 def probe_cases() -> list[Any]:
@@ -73,18 +75,40 @@ def probe_cases() -> list[Any]:
     return out
 
 
+def partial(report: Path) -> bool:
+    """Whether `report` is a replay stopped before its last case (its JSON marked `partial`)."""
+    try:
+        return json.loads(report.read_text()).get("partial") is not None
+    except (OSError, ValueError):
+        return False
+
+
 def replay(out: Path, name: str, source: list[str], selectors: str, extra: list[str],
            timeout: float | None = None) -> str:
+    """Replay one suite into `out`/peers-NAME.json, or finish it where an earlier run left it partial
+    (`replay --resume`, with that run's recorded options). At `timeout` the replay gets SIGTERM, on which it
+    writes the cases it finished, marked partial, so that a suite longer than one run takes several."""
+    report = out / f"{PREFIX}{name}.json"
     cmd = [sys.executable, "-c", CLI, "replay", *source, "--device", "cuda", "--selectors", selectors,
-           *extra, "--json", str(out / f"{PREFIX}{name}.json")]
+           *extra, "--json", str(report)]
     shown = " ".join(["logitreplay", *cmd[3:]])
-    print("$", shown, flush=True)
+    if partial(report):
+        cmd = [sys.executable, "-c", CLI, "replay", "--resume", str(report)]
+        print(f"{name}: resuming the partial report {report}", flush=True)
+    print("$", " ".join(["logitreplay", *cmd[3:]]), flush=True)
+    proc = subprocess.Popen(cmd)
     try:
-        rc = subprocess.run(cmd, timeout=timeout).returncode
+        rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        rc = -1
-        print(f"{name}: stopped after {timeout:.0f} s (--deadline)", flush=True)
-    if not (out / f"{PREFIX}{name}.json").is_file():
+        proc.terminate()
+        try:
+            rc = proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        print(f"{name}: stopped after {timeout:.0f} s (--deadline)" +
+              (": partial, the next run with this --out resumes it" if partial(report) else ""), flush=True)
+    if not report.is_file():
         print(f"{name}: the replay wrote no JSON (exit status {rc})", flush=True)
     return shown
 
@@ -111,18 +135,19 @@ def run(args: argparse.Namespace) -> None:
     start = time.monotonic()
     for suite in args.suites.split(","):
         left = args.deadline - (time.monotonic() - start) if args.deadline else None
-        if left is not None and left < 20:
+        if left is not None and left < STOP_GRACE_S + 20:
             print(f"{suite}: not run, the --deadline was reached", flush=True)
             continue
+        budget = None if left is None else left - STOP_GRACE_S  # its partial report is written within the deadline
         if suite == "probe":
             archive_path = Path(args.scratch) / "probe.zarr"
             if not archive_path.exists():
                 archive = Archive.create(archive_path)
                 for case in probe_cases():
                     archive.write(case)
-            commands[suite] = replay(out, suite, [str(archive_path)], selectors, extra, left)
+            commands[suite] = replay(out, suite, [str(archive_path)], selectors, extra, budget)
         else:
-            commands[suite] = replay(out, suite, ["--suite", suite, "--scale", args.scale], selectors, extra, left)
+            commands[suite] = replay(out, suite, ["--suite", suite, "--scale", args.scale], selectors, extra, budget)
         # after every suite, so that a run cut short keeps the commands of what it finished
         path = out / f"{PREFIX}commands.json"
         known = json.loads(path.read_text()) if path.is_file() else {}
@@ -324,7 +349,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None, help="warmup calls (replay's --warmup)")
     ap.add_argument("--determinism", type=int, default=5,
                     help="reruns of every verified column under load (replay's --determinism; 0: none)")
-    ap.add_argument("--deadline", type=float, default=None, help="seconds for all suites; later ones are skipped")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds for all suites: the suite still running then is stopped and written partial "
+                         "(a later run with this --out resumes it), later ones are skipped")
     ap.add_argument("--scratch", default="/tmp", help="where the probe archive is written")
     ap.add_argument("--staged", type=Path, default=None,
                     help="a folder whose subfolders each hold one staged release of a peer's package "

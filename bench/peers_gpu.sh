@@ -18,7 +18,10 @@
 # or another release of a peer laid out the same way. .peers' packages are named
 # (staging/name_releases.py) so that the installed release keeps its column beside a staged one of the
 # same package.
-# DETERMINISM=0: no reruns under load (peers.py --determinism; 5 by default).
+# DETERMINISM=0: no reruns under load (peers.py --determinism; 5 by default). DEADLINE=S: the suite still
+# running after S seconds is stopped and its report written partial; a later run with the same OUT (kept on
+# the host, e.g. OUT=/tmp/peers-out, copied out at the end) resumes it, so a suite longer than one run
+# (long, long-decode beside every peer) takes several.
 # Exits 1 when any step failed (each is still tried), 3 when the set-up did.
 set -uo pipefail
 out=${OUT:-out/peers}

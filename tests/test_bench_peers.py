@@ -288,3 +288,36 @@ def test_a_replay_runs_two_releases_in_two_processes_not_one_per_selector(tmp_pa
     assert not any("each selector ran in its own process" in n for n in run.result.notes)
     assert all(r.status in ("ok", "unsupported") for c in run.result.cases for r in c.results)
     validate(run.result.to_json())
+
+
+# A stand-in for the replay CLI (peers.CLI), written for this test: a run writes its report only when
+# SIGTERM stops it (marked partial), a `--resume` run completes the report it is given.
+_STANDIN_CLI = """
+import json, signal, sys, time
+args = sys.argv[1:]
+if "--resume" in args:
+    path = args[args.index("--resume") + 1]
+    json.dump({"partial": None, "argv": args}, open(path, "w"))
+    sys.exit(0)
+path = args[args.index("--json") + 1]
+def stop(*_):
+    json.dump({"partial": {"signal": "SIGTERM"}, "argv": args}, open(path, "w"))
+    sys.exit(130)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(60)
+"""
+
+
+def test_a_suite_stopped_at_the_deadline_is_kept_partial_and_the_next_run_resumes_it(
+        peers: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suite longer than one GPU run: at the deadline the replay gets SIGTERM (not a kill), so its report
+    of the finished cases survives, and the next run with the same --out resumes it instead of starting
+    over."""
+    monkeypatch.setattr(peers, "CLI", _STANDIN_CLI)
+    report = tmp_path / "peers-long-decode.json"
+    peers.replay(tmp_path, "long-decode", ["--suite", "long-decode"], "native", [], timeout=2.0)
+    assert peers.partial(report)
+    assert json.loads(report.read_text())["argv"][:3] == ["replay", "--suite", "long-decode"]
+    peers.replay(tmp_path, "long-decode", ["--suite", "long-decode"], "native", [], timeout=30.0)
+    assert not peers.partial(report)
+    assert json.loads(report.read_text())["argv"] == ["replay", "--resume", str(report)]
