@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,14 +90,20 @@ def test_each_peer_verifies_what_it_accepts_and_declines_the_rest(name: str) -> 
 
 STAGED_COLUMNS = [c for c in catalog.columns(catalog.staged(os.environ.get("LOGITREPLAY_STAGED", "/tmp/staged")))
                   if "@" in c]
-_IN_A_PROCESS = "import json, sys; from tests.gpu.test_gpu_peers import verify; print(json.dumps(verify(sys.argv[1])))"
+
+
+def _in_a_process(func: str, spec: str) -> list[tuple[Any, ...]]:
+    """`func(spec)` of this module run in a fresh process (a staged release cannot share one with another
+    release of its package), its rows read back."""
+    code = f"import json, sys; from tests.gpu.test_gpu_peers import {func}; print(json.dumps({func}(sys.argv[1])))"
+    done = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [tuple(r) for r in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
 @pytest.mark.parametrize("spec", STAGED_COLUMNS or [pytest.param("", marks=pytest.mark.skip("no staged release"))])
 def test_each_staged_release_verifies_in_a_process_of_its_own(spec: str) -> None:
-    done = subprocess.run([sys.executable, "-c", _IN_A_PROCESS, spec], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    _verified([tuple(r) for r in json.loads(done.stdout.strip().splitlines()[-1])])
+    _verified(_in_a_process("verify", spec))
 
 
 def _one_bin(count: int, rows: int = 4, cols: int = 32768) -> Case:
@@ -168,15 +175,34 @@ DETERMINISTIC_PEERS = ("flashinfer-ragged-det", "flashinfer-paged-det", "cudnn-i
 STATED_LOWEST = ("cudnn-indexer-topk-det",)
 
 
-@pytest.mark.parametrize("name", DETERMINISTIC_PEERS)
-def test_deterministic_peers_repeat_their_output_on_tied_rows_under_reruns(name: str) -> None:
-    if not _staged(name):
-        pytest.skip(f"{name}: its package is not staged here")
+def rerun_tied(spec: str) -> list[tuple[str, str, str | None, bool, str | None]]:
+    """(case, status, reason, deterministic, tie policy) of the selector `spec` on tied rows, every verified
+    answer rerun 5 times under load."""
+    seen = []
     for case in (_plateau("plateau-64x32768-k2048", 64, 32768, 2048),
                  _plateau("plateau-bf16-8x65536-k512", 8, 65536, 512, torch.bfloat16)):
-        [res] = replay_case(case, [build(name)], DEVICE, QUICK, extra_checks=device_checks(DEVICE),
+        [res] = replay_case(case, [build(spec)], DEVICE, QUICK, extra_checks=device_checks(DEVICE),
                             determinism=5).results
-        assert res.status == "ok", (case.case_id, res.reason)
-        assert res.determinism is not None and res.determinism.deterministic, (case.case_id, str(res.determinism))
-        if name in STATED_LOWEST:
-            assert res.tie_policy == "lowest", (case.case_id, res.tie_policy)
+        seen.append((case.case_id, res.status, res.reason,
+                     res.determinism is not None and res.determinism.deterministic, res.tie_policy))
+    return seen
+
+
+# Each deterministic call on the installed package and on every staged release that has it (FlashInfer's
+# arrive with 0.7.4, a staged release beside the installed 0.7.2.post1).
+DETERMINISTIC_COLUMNS = [*DETERMINISTIC_PEERS, *(c for c in STAGED_COLUMNS if c.partition("@")[0] in DETERMINISTIC_PEERS)]
+
+
+@pytest.mark.parametrize("spec", DETERMINISTIC_COLUMNS)
+def test_deterministic_peers_repeat_their_output_on_tied_rows_under_reruns(spec: str) -> None:
+    if "@" in spec:
+        seen = _in_a_process("rerun_tied", spec)
+    elif _staged(spec):
+        seen = rerun_tied(spec)
+    else:
+        pytest.skip(f"{spec}: its package is not staged here")
+    for case_id, status, reason, deterministic, policy in seen:
+        assert status == "ok", (case_id, reason)
+        assert deterministic, case_id
+        if spec.partition("@")[0] in STATED_LOWEST:
+            assert policy == "lowest", (case_id, policy)
