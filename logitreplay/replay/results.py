@@ -10,9 +10,11 @@ fields, so the two cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -155,37 +157,47 @@ def report_fields(cls: Any) -> list[dataclasses.Field[Any]]:
 def decode(cls: type[T], data: Any) -> T:
     """The inverse of `encode` for `cls`, led by its field types (a nested result, a list of them, or
     a plain JSON value)."""
-    kwargs = {name: _decode_value(tp, data[name]) for name, tp in _field_types(cls) if name in data}
+    kwargs = {name: data[name] if how is None else how(data[name]) for name, how in _decoders(cls) if name in data}
     return cls(**kwargs)
 
 
-_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+Decoder = Callable[[Any], Any] | None  # None: the JSON value is the field's value
+_DECODERS: dict[type, tuple[tuple[str, Decoder], ...]] = {}
 
 
-def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
-    """The reported fields of a result type with their resolved types, once per type: resolving the
-    annotations is most of the cost of decoding a large report, which holds thousands of results."""
-    if cls not in _FIELD_TYPES:
+def _decoders(cls: type) -> tuple[tuple[str, Decoder], ...]:
+    """The reported fields of a result type, each with its decoder, made once per type: resolving the
+    annotations for every object was most of the cost of reading a large report (thousands of results)."""
+    if cls not in _DECODERS:
         hints = typing.get_type_hints(cls)
-        _FIELD_TYPES[cls] = tuple((f.name, hints[f.name]) for f in report_fields(cls))
-    return _FIELD_TYPES[cls]
+        _DECODERS[cls] = tuple((f.name, _decoder(hints[f.name])) for f in report_fields(cls))
+    return _DECODERS[cls]
 
 
-def _decode_value(tp: Any, value: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
+def _decoder(tp: Any) -> Decoder:
+    """How a JSON value of type `tp` becomes the field's: a nested result, a `Timing`, a list (a new one,
+    of decoded items), any of them or None (`X | None`); None where it is the plain value itself."""
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    if optional:
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
-        origin = typing.get_origin(tp)
-    if origin is list:
+    how: Decoder = None
+    if typing.get_origin(tp) is list:
         (item,) = typing.get_args(tp)
-        return [_decode_value(item, v) for v in value]
-    if tp is Timing:
-        return Timing.from_json(value)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return decode(tp, value)
-    return value
+        each = _decoder(item)
+        how = list if each is None else functools.partial(_each, each)
+    elif tp is Timing:
+        how = Timing.from_json
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        how = functools.partial(decode, tp)
+    return functools.partial(_unless_none, how) if optional and how is not None else how
+
+
+def _each(how: Callable[[Any], Any], values: list[Any]) -> list[Any]:
+    return [how(v) for v in values]
+
+
+def _unless_none(how: Callable[[Any], Any], value: Any) -> Any:
+    return None if value is None else how(value)
 
 
 class ReportError(LogitreplayError):
