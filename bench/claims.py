@@ -557,6 +557,16 @@ def auto_heldout(root: Path) -> str:
         source(root, rel)])
 
 
+@claim("auto-heldout-tree")
+def auto_heldout_tree(root: Path) -> str:
+    """bench/RESULTS.md: the same held-out split refitted with the tree's kernels' timings where they exist
+    (stress, indexer, indexer-decode of 2026-12-05), scored as `auto-heldout` is."""
+    rel = f"{heldout.TREE_FOLDER}/rule.json"
+    return "\n".join([*heldout.table(root / RESULTS, heldout.TREE_FOLDER, heldout.TREE_RUNS), "",
+                      f"Within 3%: chosen / fastest of the rule's kernels timed in that run <= {heldout.NEAR_BEST}.",
+                      source(root, rel)])
+
+
 # A split sweep table: columns (header, file, run or None, variant); `ref` is the best vLLM decode kernel of
 # the stored replay, which the script records as `upstream`.
 SplitColumns = list[tuple[str, str, str | None, str]]

@@ -38,6 +38,11 @@ def test_the_held_out_cases_are_cases_of_their_suites_and_out_of_the_fit(bench: 
     assert len(fitted.cases) + len(held.cases) == len(report.cases)
     rule = DispatchRule.load(ROOT / "bench/results" / heldout.FOLDER / "rule.json")
     assert rule.fitted_on["cases"] == 151 - len(decisions.held_out_ids())  # the committed rule saw none of them
+    tree = DispatchRule.load(ROOT / "bench/results" / heldout.TREE_FOLDER / "rule.json")
+    assert tree.fitted_on["cases"] == rule.fitted_on["cases"]  # the refit on the tree's timings neither
+    for suite in ("stress", "indexer", "indexer-decode"):  # fitted on the tree's run, scored on the re-bet's
+        assert heldout.TREE_RUNS[suite][0].startswith(heldout.TODAY)
+        assert set(heldout.TREE_RUNS[suite]) == set(heldout.RUNS[suite])
 
 
 def test_every_unlabeled_twin_is_dispatched_as_its_labelled_case(bench: tuple[ModuleType, ModuleType]) -> None:
