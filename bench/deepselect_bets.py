@@ -27,9 +27,10 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from logitreplay.archive import Case
 from logitreplay.datasets import synth
 from logitreplay.selectors import cpu_models
+from logitreplay.selectors.cuda.kernels import DeepSelectCuda
+from logitreplay.selectors.cuda.work import work_record
 
 SHAPES = [(4096, 512), (8192, 512), (25600, 512), (102400, 512), (163840, 512), (65536, 2048), (163840, 2048)]
 
@@ -49,21 +50,6 @@ def distributions(x: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def kernel_work(case: Case, device: str) -> dict[str, np.ndarray]:
-    """One launch of deepselect's work build on `case`: counter name -> per-row counts, named and ordered
-    as the model's `DeepSelectWork`."""
-    from logitreplay.selectors.cuda.kernels import DeepSelectCuda  # only where a GPU is asked for
-
-    logits = case.padded(device=device)
-    starts, ends = (torch.from_numpy(a).to(device) for a in (case.row_starts, case.row_ends))
-    out = torch.empty((case.rows, case.top_k), dtype=torch.int32, device=device)
-    launch = DeepSelectCuda(work=True).prepare(logits, starts, ends, case.top_k, out)
-    launch()
-    torch.cuda.synchronize()
-    record = launch.work(case.rows)
-    return {f.name: record[:, i] for i, f in enumerate(fields(cpu_models.DeepSelectWork))}
-
-
 def suite_work(suite: str, flood_only: bool = False, device: str | None = None) -> None:
     """The model over every row of each full-scale case of `suite` (`flood_only`: the flooded-bin cases,
     with their flooded count): per case, the rows redone, the most compactions of one row and the mean
@@ -81,16 +67,14 @@ def suite_work(suite: str, flood_only: bool = False, device: str | None = None) 
         starts, ends = torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends)
         _, model = cpu_models.deepselect_topk(case.padded(), starts, ends, case.top_k)
         counts = {f.name: np.asarray(getattr(model, f.name)) for f in fields(model)}
-        differs = ""
+        differs, sel = "", case.lengths > case.top_k
         if device:
-            measured, selecting = kernel_work(case, device), case.lengths > case.top_k
+            measured = work_record(DeepSelectCuda(work=True), case, device)
             bad = np.zeros(case.rows, dtype=bool)
             for name, got in measured.items():
-                rows = selecting if name == "appended" else np.ones(case.rows, dtype=bool)
-                bad |= rows & (got != counts[name])
+                bad |= (sel if name == "appended" else True) & (got != counts[name])
             counts, differs = measured, f" {int(bad.sum())} |"
         flooded = f" {recipe.flood} |" if flood_only else ""
-        sel = case.lengths > case.top_k
         appended = counts["appended"][sel].mean() if sel.any() else 0.0
         print(f"| {case.case_id} | {case.rows} |{flooded} {int(counts['redone'].sum())} | "
               f"{int(counts['compactions'].max())} | {appended:.0f} |{differs}", flush=True)

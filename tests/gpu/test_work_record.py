@@ -17,6 +17,7 @@ from logitreplay.archive import Case
 from logitreplay.datasets import synth
 from logitreplay.selectors import cpu_models
 from logitreplay.selectors.cuda.kernels import CudaKernel, DeepSelectCuda, NativeCuda, SplitCuda
+from logitreplay.selectors.cuda.work import work_record
 from tests.gpu.kernel_checks import verify_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -29,18 +30,11 @@ MODELS = {"native": cpu_models.native_topk, "deepselect": cpu_models.deepselect_
 def kernel_and_model_work(kernel: CudaKernel, case: Case) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """One launch of the kernel's work build on the case, and the model's work on the same matrix (the
     same row stride, so the same configuration and alignment): counter name -> per-row counts."""
-    logits = case.padded(device=DEVICE)
-    starts, ends = (torch.from_numpy(a).to(DEVICE) for a in (case.row_starts, case.row_ends))
-    out = torch.empty((case.rows, case.top_k), dtype=torch.int32, device=DEVICE)
-    launch = kernel.prepare(logits, starts, ends, case.top_k, out)
-    launch()
-    torch.cuda.synchronize()
-    record = launch.work(case.rows)
+    got = work_record(kernel, case, DEVICE)
     cpu = case.padded()  # the same layout on the host (`.cpu()` of a padded view is contiguous)
-    assert cpu.stride() == logits.stride()
-    _, work = MODELS[kernel.name](cpu, starts.cpu(), ends.cpu(), case.top_k)
-    names = [f.name for f in fields(work)]
-    return ({n: record[:, i] for i, n in enumerate(names)}, {n: np.asarray(getattr(work, n)) for n in names})
+    assert cpu.stride() == case.padded(device=DEVICE).stride()
+    _, work = MODELS[kernel.name](cpu, torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends), case.top_k)
+    return got, {f.name: np.asarray(getattr(work, f.name)) for f in fields(work)}
 
 
 def assert_same_work(kernel: CudaKernel, case: Case) -> dict[str, np.ndarray]:
