@@ -248,6 +248,26 @@ def readme_h200(root: Path) -> str:
         source(root, H200_FP32, report["environment"])])
 
 
+@claim("readme-current")
+def readme_current(root: Path) -> str:
+    """README: the same cases on the tree's kernels (the H100 peers run of seed-controls), beside the fastest
+    verified production kernel of that run."""
+    rel = peers_rel("seed-controls", H100_RUNS)
+    report = load(root, rel)
+    by_id = {c["case_id"]: c for c in report["cases"]}
+    rows = []
+    for cid in README_CASES:
+        case, t = by_id[cid], targets.timed(by_id[cid])
+        name, its = targets.fastest(t, targets.production) or ("-", None)
+        rows.append([f"{_case_label(case)} {case['source']}", us(case["floor_us"]), us(t.get("native")),
+                     us(t.get("deepselect")), f"{us(its)} ({name})"])
+    return "\n".join([
+        f"The kernels in the tree, on an H100 (full-scale suite; {protocol(report)}), beside the fastest of the "
+        "production kernels run with them (vLLM, FlashInfer, SGLang, sglang-kernel, cuDNN; `bench/PEERS.md`):", "",
+        table(["logits cols x rows", "read floor", "native", "deepselect", "fastest production"], rows), "",
+        source(root, rel, report["environment"])])
+
+
 def _normal_crossing(report: dict[str, Any]) -> tuple[str, str]:
     """Where native stops and deepselect starts on normal logits, as (native's last width, deepselect's
     first), from the recommend rule of the normal-only cases."""
