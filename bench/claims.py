@@ -557,6 +557,11 @@ claim("target-seed-controls-h100")(functools.partial(
 claim("deepselect-upstream-h100")(functools.partial(
     target_table, rel=peers_rel("seed-controls", H100_RUNS), score=targets.deepselect_vs_upstream,
     head=["case", "dtype", "deepselect", "deepselect-upstream", "deepselect / upstream"]))
+claim("split-waves-2026-12-05")(functools.partial(
+    target_table, rel=peers_rel("indexer-decode", PHASES_RUNS),
+    score=functools.partial(targets.split_waves, suite="indexer-decode"),
+    head=["case", "rows", "valid keys (M)", "split's items", "items per block", "split us", "fastest production us",
+          "split / it"]))
 for _suite in AUTO_SUITES:
     claim(f"target-auto-{_suite}-2026-12-05")(functools.partial(
         target_table, rel=peers_rel(_suite, PHASES_RUNS), score=targets.auto_vs_fastest, head=AUTO_HEAD))

@@ -39,8 +39,10 @@ import fidelity
 import peers
 from decisions import TARGET_SHARE, TARGET_WORST
 
+from logitreplay.datasets import synth
 from logitreplay.replay.compare import auto_vs_best
 from logitreplay.replay.results import ReplayResult
+from logitreplay.selectors import cpu_models
 from logitreplay.selectors.auto import parse_note
 
 DECODE_TARGET = fidelity.DECODE_TARGET  # the same target bench/FIDELITY.md scores against vLLM
@@ -133,6 +135,30 @@ def deepselect_vs_upstream(report: dict[str, Any]) -> tuple[list[list[str]], lis
                      f"{r:.2f}" + ("" if r <= 1 else " **miss**")])
         if r > 1:
             misses.append(f"{case['case_id']}: deepselect {r:.2f}x upstream")
+    return rows, misses
+
+
+def split_waves(report: dict[str, Any], suite: str) -> tuple[list[list[str]], list[str]]:
+    """Per case of a decode suite: the items `split`'s plan cuts its rows into (cpu_models.split_plan, the
+    kernel's own plan, from the case's bounds) and the items per block of the H200's grid, beside split's
+    time and the fastest verified production kernel's: where a launch needs a second wave of items, a
+    block loads and selects its items one after the other. Misses: split slower than that kernel."""
+    recipes = {r.case_id: r for r in synth.recipes(suite, "full")}
+    rows, misses = [], []
+    for case in report["cases"]:
+        t, recipe = timed(case), recipes.get(case["case_id"])
+        rival = fastest(t, production)
+        if "split" not in t or rival is None or recipe is None:
+            continue
+        starts, ends = synth.bounds(recipe)
+        lengths = (ends - starts).astype("int64")
+        items = int(cpu_models.split_plan(lengths, case["top_k"], 2 if case["dtype"] == "bfloat16" else 4).sum())
+        r = t["split"] / rival[1]
+        rows.append([case["case_id"], str(case["rows"]), f"{lengths.sum() / 1e6:.1f}", str(items),
+                     f"{items / cpu_models.SPLIT_GRID:.2f}", f"{t['split']:.1f}", f"{rival[1]:.1f}",
+                     f"{r:.2f}" + ("" if r <= 1 else " **slower**")])
+        if r > 1:
+            misses.append(f"{case['case_id']}: split {r:.2f}x {rival[0]}")
     return rows, misses
 
 

@@ -277,6 +277,28 @@ def test_the_bundled_deepselect_misses_where_upstream_deepselect_is_faster(claim
     assert misses == ["b: deepselect 1.20x upstream"]
 
 
+def test_split_s_waves_come_from_its_plan_over_the_case_s_bounds(claims: ModuleType) -> None:
+    """targets.split_waves: each decode case's items are split_plan's over the recipe's bounds (one row
+    of a single 160K row: its keys over the grid less the row, at least kMinChunk each), per block, beside
+    split's time and the fastest production kernel's; split slower than it is listed."""
+    import targets
+
+    from logitreplay.datasets import synth
+    from logitreplay.selectors import cpu_models
+
+    recipe = next(r for r in synth.recipes("indexer-decode", "full") if r.case_id.endswith("b1-n1-k2048-long"))
+    starts, ends = synth.bounds(recipe)
+    keys = int((ends - starts).sum())
+    case = {"case_id": recipe.case_id, "rows": 1, "top_k": 2048, "dtype": "float32", "results": [
+        {"selector": n, "status": "ok", "timing": {"median_us": t}}
+        for n, t in {"split": 22.0, "vllm-persistent@v": 20.0}.items()]}
+    rows, misses = targets.split_waves({"cases": [case]}, "indexer-decode")
+    items = -(-keys // max(-(-keys // (cpu_models.SPLIT_GRID - 1)), cpu_models.SPLIT_MIN_CHUNK))  # grid less its row
+    assert rows == [[recipe.case_id, "1", f"{keys / 1e6:.1f}", str(items), f"{items / cpu_models.SPLIT_GRID:.2f}",
+                     "22.0", "20.0", "1.10 **slower**"]]
+    assert misses == [f"{recipe.case_id}: split 1.10x vllm-persistent@v"]
+
+
 def test_the_ab_table_names_each_revision_and_marks_a_tree_column_the_tree_has_left(claims: ModuleType,
                                                                                    tree: Path) -> None:
     """bench/deepselect_gpu.sh's A/B: each column's deepselect.cu is named; the `tree` column is the tree's
