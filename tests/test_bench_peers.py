@@ -321,3 +321,17 @@ def test_a_suite_stopped_at_the_deadline_is_kept_partial_and_the_next_run_resume
     peers.replay(tmp_path, "long-decode", ["--suite", "long-decode"], "native", [], timeout=30.0)
     assert not peers.partial(report)
     assert json.loads(report.read_text())["argv"] == ["replay", "--resume", str(report)]
+
+
+def test_the_gpu_test_skips_a_release_built_for_another_torch_and_fails_other_declines() -> None:
+    """tests/gpu/test_gpu_peers.py's judgement of a column's answers: a staged release built against another
+    torch's ABI declines every case in one line (its designed answer, as sglang-kernel 0.4.10's columns gave
+    on torch 2.11), which skips its test; a column that declines every case for any other reason fails."""
+    from tests.gpu.test_gpu_peers import _verified
+
+    reason = ("sgl_kernel does not import: sglang-kernel 0.4.10 is built for torch 2.14.1, this is torch 2.11.0 "
+              "(OSError: Could not load this library: sgl_kernel/common_ops.abi3.so)")
+    with pytest.raises(pytest.skip.Exception, match="built for another torch"):
+        _verified([("decode", "unsupported", reason), ("prefill", "unsupported", reason)])
+    with pytest.raises(AssertionError):
+        _verified([("decode", "unsupported", "selects exactly top_k = 2048, not 512")])
