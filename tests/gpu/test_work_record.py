@@ -31,8 +31,8 @@ def kernel_and_model_work(kernel: CudaKernel, case: Case) -> tuple[dict[str, np.
     """One launch of the kernel's work build on the case, and the model's work on the same matrix (the
     same row stride, so the same configuration and alignment): counter name -> per-row counts."""
     got = work_record(kernel, case, DEVICE)
-    cpu = case.padded()  # the same layout on the host (`.cpu()` of a padded view is contiguous)
-    assert cpu.stride() == case.padded(device=DEVICE).stride()
+    cpu = case.padded()  # the layout work_record launched on: stride(0) the case's row stride on any device
+    assert cpu.stride() == (case.row_stride, 1)
     _, work = MODELS[kernel.name](cpu, torch.from_numpy(case.row_starts), torch.from_numpy(case.row_ends), case.top_k)
     return got, {f.name: np.asarray(getattr(work, f.name)) for f in fields(work)}
 
