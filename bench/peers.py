@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import json
 import math
 import subprocess
@@ -119,12 +120,20 @@ def columns(root: Path | None) -> list[str]:
     return catalog.columns(catalog.staged(root))
 
 
+def kept(names: tuple[str, ...], skip: str) -> list[str]:
+    """`names` less those matching any of the comma-separated shell patterns in `skip`: a suite too long for
+    every column (the long ones beside every release and deterministic mode) runs on the current releases
+    in the time a GPU session has. The reference column (REFERENCE) is never left out."""
+    patterns = [p for p in skip.split(",") if p]
+    return [n for n in names if n == REFERENCE or not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
 def run(args: argparse.Namespace) -> None:
     from logitreplay.archive import Archive
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    selectors = ",".join((*BUNDLED, *columns(args.staged)))
+    selectors = ",".join(kept((*BUNDLED, *columns(args.staged)), args.skip))
     # --determinism 5 (the default): every verified column rerun five times under load (issue 38's report
     # of each kernel: deterministic or not, beside its tie policy and agreement); 0 leaves it out, for a
     # suite whose report is about time alone, at a sixth of the verification's cost.
@@ -355,6 +364,9 @@ def main() -> None:
     ap.add_argument("--staged", type=Path, default=None,
                     help="a folder whose subfolders each hold one staged release of a peer's package "
                          "(staging/README.md): each adapter that takes it gets a column on it")
+    ap.add_argument("--skip", default="", metavar="PATTERNS",
+                    help="comma-separated shell patterns of columns to leave out, e.g. '*-det*,*@vllm-0.33.0' "
+                         "(the reference column, native-det, always runs)")
     ap.add_argument("--no-run", action="store_true", help="only render the report from earlier JSON")
     args = ap.parse_args()
     if not args.no_run:

@@ -22,6 +22,7 @@
 # running after S seconds is stopped and its report written partial; a later run with the same OUT (kept on
 # the host, e.g. OUT=/tmp/peers-out, copied out at the end) resumes it, so a suite longer than one run
 # (long, long-decode beside every peer) takes several.
+# SKIP=PATTERNS: columns left out (peers.py --skip), e.g. SKIP='*-det*,*@vllm-0.33.0'.
 # Exits 1 when any step failed (each is still tried), 3 when the set-up did.
 set -uo pipefail
 out=${OUT:-out/peers}
@@ -91,7 +92,7 @@ if [ "${TESTS:-1}" != 0 ]; then tests peers tests/gpu/test_gpu_peers.py; fi
 python3 bench/peers.py --out "$out" --suites "${SUITES:-probe,seed-controls}" --scale "${SCALE:-full}" \
   --staged "${STAGED:-/tmp/staged}" \
   ${ROUNDS:+--rounds $ROUNDS} ${WARMUP:+--warmup $WARMUP} ${DEADLINE:+--deadline $DEADLINE} \
-  ${DETERMINISM:+--determinism $DETERMINISM} --md "$out/PEERS.md" \
+  ${DETERMINISM:+--determinism $DETERMINISM} ${SKIP:+--skip "$SKIP"} --md "$out/PEERS.md" \
   > "$out/peers.log" 2>&1 || failed=1
 grep -v "^\s*$" "$out/peers.log" | tail -40
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -335,3 +335,13 @@ def test_the_gpu_test_skips_a_release_built_for_another_torch_and_fails_other_de
         _verified([("decode", "unsupported", reason), ("prefill", "unsupported", reason)])
     with pytest.raises(AssertionError):
         _verified([("decode", "unsupported", "selects exactly top_k = 2048, not 512")])
+
+
+def test_skip_leaves_out_the_matching_columns_but_never_the_reference(peers: ModuleType, staged: Path) -> None:
+    names = (*peers.BUNDLED, *peers.columns(staged))
+    kept = peers.kept(names, "*-det*,*@*vllm-0.33.0,flashinfer")
+    assert peers.REFERENCE in kept and "deepselect-det" not in kept and "flashinfer" not in kept
+    assert not [n for n in kept if n.endswith("vllm-0.33.0")]
+    assert _on("vllm-native", "vllm-0.34.0", staged) in kept
+    assert _on("flashinfer-paged", "flashinfer-0.7.4", staged) in kept
+    assert peers.kept(names, "") == list(names)
