@@ -250,9 +250,9 @@ def readme_h200(root: Path) -> str:
 
 @claim("readme-current")
 def readme_current(root: Path) -> str:
-    """README: the same cases on the tree's kernels (the H100 peers run of seed-controls), beside the fastest
-    verified production kernel of that run."""
-    rel = peers_rel("seed-controls", H100_RUNS)
+    """README: the same cases on the tree's kernels (the H200 peers run of seed-controls beside each peer's
+    current release), beside the fastest verified production kernel of that run."""
+    rel = peers_rel("seed-controls")
     report = load(root, rel)
     by_id = {c["case_id"]: c for c in report["cases"]}
     rows = []
@@ -262,7 +262,7 @@ def readme_current(root: Path) -> str:
         rows.append([f"{_case_label(case)} {case['source']}", us(case["floor_us"]), us(t.get("native")),
                      us(t.get("deepselect")), f"{us(its)} ({name})"])
     return "\n".join([
-        f"The kernels in the tree, on an H100 (full-scale suite; {protocol(report)}), beside the fastest of the "
+        f"The kernels in the tree, on the H200 (full-scale suite; {protocol(report)}), beside the fastest of the "
         "production kernels run with them (vLLM, FlashInfer, SGLang, sglang-kernel, cuDNN; `bench/PEERS.md`):", "",
         table(["logits cols x rows", "read floor", "native", "deepselect", "fastest production"], rows), "",
         source(root, rel, report["environment"])])
@@ -474,9 +474,13 @@ def deepselect_decode(root: Path) -> str:
 
 
 # Each suite's latest peers run: its results folder.
-PEER_SUITES = {"probe": "h200-2026-12-02", "seed-controls": "h100-2026-12-05", "seed-controls-bf16": "h200-2026-12-02",
+# The runs beside each peer's current release alone (no deterministic modes but the reference column), on the
+# tree's kernels: the long suites and both seed-controls suites on the H200 (issues 41, 43).
+CURRENT = "h200-2026-12-05/current-releases"
+PEER_SUITES = {"probe": "h200-2026-12-02", "seed-controls": CURRENT, "seed-controls-bf16": CURRENT,
                "decode": "h200-2026-12-02", "decode-bf16": "h200-2026-12-02", "stress": "h200-2026-12-05",
-               "indexer": "h200-2026-12-05", "indexer-decode": "h200-2026-12-05"}
+               "indexer": "h200-2026-12-05", "indexer-decode": "h200-2026-12-05", "long": CURRENT,
+               "long-decode": CURRENT}
 # bench/RESULTS.md's targets of issue 28 stay scored on the runs its prose describes (the peers without
 # vLLM's columns, which bench/FIDELITY.md scores), not on each suite's latest.
 TARGET_RUNS = "h200-2026-12-03/rebet"
@@ -488,9 +492,10 @@ def peers_rel(suite: str, folder: str | None = None) -> str:
     return f"{folder or PEER_SUITES[suite]}/{peers.PREFIX}{suite}.json"
 
 
-def peers_table(root: Path, suite: str) -> str:
-    """bench/PEERS.md: every peer and the bundled selectors on one suite (bench/peers.py)."""
-    rel = peers_rel(suite)
+def peers_table(root: Path, suite: str, folder: str | None = None) -> str:
+    """bench/PEERS.md: every peer and the bundled selectors on one suite (bench/peers.py): its latest run,
+    or the one in `folder`."""
+    rel = peers_rel(suite, folder)
     report = load(root, rel)
     return "\n".join([peers.suite_block(report), "", f"Protocol: {protocol(report)}.",
                       source(root, rel, report["environment"])])
@@ -498,6 +503,9 @@ def peers_table(root: Path, suite: str) -> str:
 
 for _suite in PEER_SUITES:
     claim(f"peers-{_suite}")(functools.partial(peers_table, suite=_suite))
+# seed-controls beside every release and deterministic mode, on the H100 lent on 2026-12-05
+H100_RUNS = "h100-2026-12-05"
+claim("peers-seed-controls-h100")(functools.partial(peers_table, suite="seed-controls", folder=H100_RUNS))
 
 
 def target_table(root: Path, rel: str, head: list[str], score: Callable[[dict[str, Any]], Any]) -> str:
@@ -544,24 +552,42 @@ for _suite in AUTO_SUITES:
 # The peers runs of the tree after deepselect's split into phases (issues 41, 43): the fastest bundled kernel
 # against every production peer with the read floor, and `auto` by the same committed rule beside them.
 PHASES_RUNS = "h200-2026-12-05"
+UPSTREAM_HEAD = ["case", "dtype", "deepselect", "deepselect-upstream", "deepselect / upstream"]
+FLOOR_HEAD = ["case", "read floor", "fastest bundled", "its us", "fastest production", "its us", "bundled / it",
+              "bundled / floor"]
 claim("target-decode-2026-12-05")(functools.partial(
-    target_table, rel=peers_rel("indexer-decode", PHASES_RUNS), score=targets.bundled_vs_production,
-    head=["case", "read floor", "fastest bundled", "its us", "fastest production", "its us", "bundled / it",
-          "bundled / floor"]))
+    target_table, rel=peers_rel("indexer-decode", PHASES_RUNS), score=targets.bundled_vs_production, head=FLOOR_HEAD))
 # seed-controls beside every peer, on the H100 lent on 2026-12-05 (bench/PEERS.md's section).
-H100_RUNS = "h100-2026-12-05"
 claim("target-seed-controls-h100")(functools.partial(
-    target_table, rel=peers_rel("seed-controls", H100_RUNS), score=targets.bundled_vs_production,
-    head=["case", "read floor", "fastest bundled", "its us", "fastest production", "its us", "bundled / it",
-          "bundled / floor"]))
+    target_table, rel=peers_rel("seed-controls", H100_RUNS), score=targets.bundled_vs_production, head=FLOOR_HEAD))
 claim("deepselect-upstream-h100")(functools.partial(
-    target_table, rel=peers_rel("seed-controls", H100_RUNS), score=targets.deepselect_vs_upstream,
-    head=["case", "dtype", "deepselect", "deepselect-upstream", "deepselect / upstream"]))
+    target_table, rel=peers_rel("seed-controls", H100_RUNS), score=targets.deepselect_vs_upstream, head=UPSTREAM_HEAD))
 claim("split-waves-2026-12-05")(functools.partial(
     target_table, rel=peers_rel("indexer-decode", PHASES_RUNS),
     score=functools.partial(targets.split_waves, suite="indexer-decode"),
     head=["case", "rows", "valid keys (M)", "split's items", "items per block", "split us", "fastest production us",
           "split / it"]))
+# The long suites and seed-controls beside each peer's current release, on the H200 (CURRENT): the fastest
+# bundled kernel against every production kernel with the read floor, bundled against upstream DeepSelect,
+# split's waves on the 2^20-column decode batches, the flooded-bin pairs at 2^20 columns, and `auto` by the
+# committed rule (fitted before these suites existed: every case is out of sample) on both runs.
+for _suite in ("long", "long-decode", "seed-controls", "seed-controls-bf16"):
+    claim(f"target-{_suite}-h200")(functools.partial(
+        target_table, rel=peers_rel(_suite), score=targets.bundled_vs_production, head=FLOOR_HEAD))
+    claim(f"deepselect-upstream-{_suite}-h200")(functools.partial(
+        target_table, rel=peers_rel(_suite), score=targets.deepselect_vs_upstream, head=UPSTREAM_HEAD))
+claim("split-waves-long-decode")(functools.partial(
+    target_table, rel=peers_rel("long-decode"), score=functools.partial(targets.split_waves, suite="long-decode"),
+    head=["case", "rows", "valid keys (M)", "split's items", "items per block", "split us", "fastest production us",
+          "split / it"]))
+claim("target-cliffs-long-decode")(functools.partial(
+    target_table, rel=peers_rel("long-decode"), score=targets.capacity_cliffs,
+    head=["case", "flooded values", *(f"{k} us (after / before)" for k in targets.BUNDLED_KERNELS)]))
+for _suite in ("long", "long-decode"):
+    claim(f"target-auto-{_suite}")(functools.partial(
+        target_table, rel=peers_rel(_suite), score=targets.auto_vs_fastest, head=AUTO_HEAD))
+    claim(f"target-auto-{_suite}-second")(functools.partial(
+        target_table, rel=f"{CURRENT}/second-{_suite}.json", score=targets.auto_vs_fastest, head=AUTO_HEAD))
 for _suite in AUTO_SUITES:
     claim(f"target-auto-{_suite}-2026-12-05")(functools.partial(
         target_table, rel=peers_rel(_suite, PHASES_RUNS), score=targets.auto_vs_fastest, head=AUTO_HEAD))
