@@ -16,13 +16,19 @@ the table is a measurement of the kernel in the tree, not a model of it.
     python bench/deepselect_bets.py [--rows 16]
     python bench/deepselect_bets.py --flood
     python bench/deepselect_bets.py --suite indexer-decode [--device cuda]
+    python bench/deepselect_bets.py --suite seed-controls-bf16 --rebet-ab --rows 512
+
+`--rebet-ab` (with `--suite`) runs the model twice on the first `--rows` rows of each case, as the kernel
+is and with its re-bet turned off (`DeepSelectConfig.rebets`), and prints both side by side: the work the
+re-bet adds or saves on a case, where a kernel A/B shows only the time.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
+from unittest import mock
 
 import numpy as np
 import torch
@@ -80,14 +86,45 @@ def suite_work(suite: str, flood_only: bool = False, device: str | None = None) 
               f"{int(counts['compactions'].max())} | {appended:.0f} |{differs}", flush=True)
 
 
+def rebet_ab(suite: str, rows: int) -> None:
+    """Per case of `suite` (its first `rows` rows): rows compacting at least once, rows redone and the mean
+    candidates per row, from the model as the kernel is / with its re-bet off."""
+    real = cpu_models.deepselect_config
+
+    def without(*args: object, **kwargs: object) -> cpu_models.DeepSelectConfig:
+        return replace(real(*args, **kwargs), rebets=False)  # type: ignore[arg-type]
+
+    print(f"first {rows} rows of each case; model as built / with the re-bet off")
+    print("| case | rows compacting | rows redone | candidates per row |")
+    print("|---|---|---|---|")
+    for recipe in synth.recipes(suite, "full"):
+        case = synth.generate(recipe)
+        n = min(rows, case.rows)
+        x, starts, ends = case.padded()[:n], torch.from_numpy(case.row_starts[:n]), torch.from_numpy(case.row_ends[:n])
+        _, on = cpu_models.deepselect_topk(x, starts, ends, case.top_k)
+        with mock.patch.object(cpu_models, "deepselect_config", without):
+            _, off = cpu_models.deepselect_topk(x, starts, ends, case.top_k)
+        cells = [f"{int((np.asarray(w.compactions) > 0).sum())}" for w in (on, off)], \
+            [f"{int(np.asarray(w.redone).sum())}" for w in (on, off)], \
+            [f"{float(np.asarray(w.appended).mean()):.0f}" for w in (on, off)]
+        print(f"| {case.case_id} | " + " | ".join(" / ".join(c) for c in cells) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=16, help="rows per case")
     ap.add_argument("--flood", action="store_true", help="the stress suite's flooded-bin cases instead")
     ap.add_argument("--suite", help="every case of this suite at full scale instead (e.g. indexer-decode)")
+    ap.add_argument("--rebet-ab", action="store_true",
+                    help="with --suite: the model as built beside the model with its re-bet off")
     ap.add_argument("--device", default=None,
                     help="with --suite or --flood: the kernel's work record on this device (cuda), not the model")
     args = ap.parse_args()
+    if args.rebet_ab:
+        if not args.suite:
+            ap.error("--rebet-ab needs --suite")
+        rebet_ab(args.suite, args.rows)
+        return
     if args.flood or args.suite:
         suite_work(args.suite or "stress", flood_only=args.flood, device=args.device)
         return
