@@ -682,7 +682,8 @@ for _name, _rel in (("deepselect-bets", "cpu-2026-12-03/deepselect-bets.md"),
                     ("deepselect-bf16-work", "h100-2026-12-05/deepselect-seed-controls-bf16-work-kernel.md"),
                     ("deepselect-long-work", "cpu-2026-12-05/deepselect-long-work.md"),
                     ("deepselect-long-decode-work", "cpu-2026-12-05/deepselect-long-decode-work.md"),
-                    ("deepselect-rebet-ab-bf16", "cpu-2026-12-05/deepselect-rebet-ab-bf16.md")):
+                    ("deepselect-rebet-ab-bf16", "cpu-2026-12-05/deepselect-rebet-ab-bf16.md"),
+                    ("deepselect-rebet-ab-fp32", "cpu-2026-12-05/deepselect-rebet-ab-fp32.md")):
     claim(_name)(functools.partial(record_table, rel=_rel))
 
 
