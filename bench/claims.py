@@ -576,6 +576,8 @@ for _suite in ("long", "long-decode", "seed-controls", "seed-controls-bf16"):
         target_table, rel=peers_rel(_suite), score=targets.bundled_vs_production, head=FLOOR_HEAD))
     claim(f"deepselect-upstream-{_suite}-h200")(functools.partial(
         target_table, rel=peers_rel(_suite), score=targets.deepselect_vs_upstream, head=UPSTREAM_HEAD))
+claim("deepselect-upstream-indexer-h200")(functools.partial(
+    target_table, rel=peers_rel("indexer"), score=targets.deepselect_vs_upstream, head=UPSTREAM_HEAD))
 claim("split-waves-long-decode")(functools.partial(
     target_table, rel=peers_rel("long-decode"), score=functools.partial(targets.split_waves, suite="long-decode"),
     head=["case", "rows", "valid keys (M)", "split's items", "items per block", "split us", "fastest production us",
