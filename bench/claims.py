@@ -600,7 +600,7 @@ def auto_heldout(root: Path) -> str:
     """bench/RESULTS.md: `auto` on decisions.HELD_OUT's cases by the rule refitted without them
     (bench/heldout.py), labelled, unlabeled, and as a label-reading dispatch saw an unlabeled case."""
     rel = f"{heldout.FOLDER}/rule.json"
-    cases = sum(len(v) for v in heldout.decisions.HELD_OUT.values())
+    cases = sum(len(heldout.decisions.HELD_OUT[s]) for s in heldout.RUNS)
     return "\n".join([
         f"Held out: {cases} cases of seven suites (`decisions.HELD_OUT`), scored on the committed H200 timings "
         "(2026-12-03 and the 2026-12-05 third runs for stress, indexer and indexer-decode; 2026-12-02 and the "

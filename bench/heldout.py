@@ -10,7 +10,10 @@ indexer-decode), each case three ways:
   `auto` did with such a case before it read the bounds.
 
 A case's score is the chosen kernel's median over the fastest of the rule's kernels timed on it in that run
-(the reports' own timings; nothing is replayed). bench/claims.py renders `table` into bench/RESULTS.md.
+(the reports' own timings; nothing is replayed). bench/claims.py renders `table` into bench/RESULTS.md, and
+`versus`: the refit with the long suites (issue 41) beside the committed rule on the same held-out cases.
+Each table scores the suites of its own runs (`RUNS`, `TREE_RUNS`, `LONG_RUNS`), so the suites added to
+`decisions.HELD_OUT` after a rule was fitted leave that rule's table as it was.
 
     python bench/heldout.py        # print the tables
 """
@@ -50,6 +53,13 @@ RUNS: dict[str, tuple[str, ...]] = {
 # (deepselect in phases) in place of the re-bet's, which become its second and third runs.
 TREE_FOLDER = f"{TODAY}/auto-heldout"
 TREE_RUNS = {**RUNS, **{s: (runs[2], *runs[:2]) for s, runs in RUNS.items() if len(runs) == 3}}
+# The tree's split with the long suites added (issue 41): fitted on their peers runs beside the tree's reports,
+# scored on those and on the second run of the bundled kernels alone, beside the committed rule (`COMMITTED`,
+# bench/peers.py's AUTO_RULE, which saw no long case) on the same cases.
+LONG = f"{TODAY}/current-releases"
+LONG_FOLDER = f"{LONG}/auto-heldout-long"
+LONG_RUNS = {**TREE_RUNS, **{s: (f"{LONG}/peers-{s}.json", f"{LONG}/second-{s}.json") for s in ("long", "long-decode")}}
+COMMITTED = "h200-2026-12-03/rebet/auto-fit/rule.json"
 MODES = ("labelled", "unlabeled", "unlabeled, label only")
 
 
@@ -72,10 +82,11 @@ def kinds(case: CaseResult, recipe: synth.Recipe) -> dict[str, str]:
             "unlabeled, label only": "prefill"}
 
 
-def score(root: Path = RESULTS, folder: str = FOLDER,
-          runs_of: dict[str, tuple[str, ...]] = RUNS) -> list[Scored]:
-    """Every held-out case of every run, scored under the rule refitted in `folder` in each mode."""
-    rule = DispatchRule.load(root / folder / "rule.json")
+def score(root: Path = RESULTS, folder: str = FOLDER, runs_of: dict[str, tuple[str, ...]] = RUNS,
+          rule_file: str | None = None, ids: set[str] | None = None) -> list[Scored]:
+    """Every held-out case (or the cases `ids`) of the suites and runs of `runs_of`, scored in each mode under
+    the rule refitted in `folder`, or under `rule_file` (under `root`) with `folder`'s features."""
+    rule = DispatchRule.load(root / (rule_file or f"{folder}/rule.json"))
     cache = json.loads((root / folder / "features.json").read_text())
     out = []
     for suite, runs in runs_of.items():
@@ -84,7 +95,8 @@ def score(root: Path = RESULTS, folder: str = FOLDER,
             report = ReplayResult.from_json(json.loads((root / rel).read_text()))
             for case in report.cases:
                 among = [n for n in rule.selectors if case.timed(n)]
-                if case.case_id not in decisions.HELD_OUT[suite] or case.invalid or not among:
+                if case.case_id not in (decisions.HELD_OUT[suite] if ids is None else ids) or case.invalid \
+                        or not among:
                     continue
                 seen = cache[f"suite {suite} (full)/{case.case_id}"]
                 chosen = {mode: rule.choose(case.dtype, kind, case.rows, case.cols, seen)[0]
@@ -119,6 +131,31 @@ def table(root: Path = RESULTS, folder: str = FOLDER, runs_of: dict[str, tuple[s
               "|---|---|---|" + "---|" * len(MODES)]
     lines += [f"| {s.case_id} | `{s.run}` | {s.kind} | "
               + " | ".join(f"{s.chosen[m]}, {s.ratio[m]:.2f}x" for m in MODES) + " |" for s in misses]
+    return lines
+
+
+def versus(root: Path = RESULTS, folder: str = LONG_FOLDER, runs_of: dict[str, tuple[str, ...]] = LONG_RUNS,
+           other: str = COMMITTED) -> list[str]:
+    """The markdown: the rule refitted in `folder` beside the rule `other` on the same held-out cases, labelled
+    and unlabeled, per suite and run and over every run; then every case either sends more than 3% from its
+    fastest."""
+    refit, kept = score(root, folder, runs_of), score(root, folder, runs_of, other)
+    modes = MODES[:2]
+    head = [f"{who}: {m}" for who in ("refit", "committed") for m in modes]
+    groups: dict[tuple[str, str], list[tuple[Scored, Scored]]] = {}
+    for a, b in zip(refit, kept, strict=True):
+        groups.setdefault((a.suite, a.run), []).append((a, b))
+    lines = ["| suite | run | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
+    for (suite, run), pairs in [*groups.items(), (("all", "every run"), list(zip(refit, kept, strict=True)))]:
+        which = run if suite == "all" else f"{('fitted', 'second', 'third')[runs_of[suite].index(run)]}: `{run}`"
+        lines.append(f"| {suite} | {which} | " + " | ".join(
+            _cell([p[i] for p in pairs], m) for i in (0, 1) for m in modes) + " |")
+    lines += ["", "| case | run | " + " | ".join(f"{h}: chose, ratio" for h in head) + " |",
+              "|---|---|" + "---|" * len(head)]
+    lines += [f"| {a.case_id} | `{a.run}` | " + " | ".join(f"{s.chosen[m]}, {s.ratio[m]:.2f}x" for s in (a, b)
+                                                           for m in modes) + " |"
+              for a, b in zip(refit, kept, strict=True) if max(a.ratio[m] for m in modes) > NEAR_BEST
+              or max(b.ratio[m] for m in modes) > NEAR_BEST]
     return lines
 
 

@@ -28,7 +28,8 @@ def bench() -> tuple[ModuleType, ModuleType]:
 
 def test_the_held_out_cases_are_cases_of_their_suites_and_out_of_the_fit(bench: tuple[ModuleType, ModuleType]) -> None:
     decisions, heldout = bench
-    assert set(decisions.HELD_OUT) == set(heldout.RUNS)
+    assert set(decisions.HELD_OUT) == set(heldout.LONG_RUNS) == {*heldout.RUNS, "long", "long-decode"}
+    assert "v32-indexer-c1048576-r128-k2048" not in decisions.HELD_OUT["long"]  # in the fit: HELD_OUT says why
     for suite, ids in decisions.HELD_OUT.items():
         assert set(ids) <= {r.case_id for r in synth.recipes(suite, "full")}, suite
     report = read_json(ROOT / "bench/results" / heldout.RUNS["indexer"][0])
@@ -37,7 +38,8 @@ def test_the_held_out_cases_are_cases_of_their_suites_and_out_of_the_fit(bench: 
     assert not {c.case_id for c in fitted.cases} & decisions.held_out_ids()
     assert len(fitted.cases) + len(held.cases) == len(report.cases)
     rule = DispatchRule.load(ROOT / "bench/results" / heldout.FOLDER / "rule.json")
-    assert rule.fitted_on["cases"] == 151 - len(decisions.held_out_ids())  # the committed rule saw none of them
+    older = sum(len(decisions.HELD_OUT[s]) for s in heldout.RUNS)  # the long suites came after this fit
+    assert rule.fitted_on["cases"] == 151 - older  # the committed rule saw none of them
     tree = DispatchRule.load(ROOT / "bench/results" / heldout.TREE_FOLDER / "rule.json")
     assert tree.fitted_on["cases"] == rule.fitted_on["cases"]  # the refit on the tree's timings neither
     for suite in ("stress", "indexer", "indexer-decode"):  # fitted on the tree's run, scored on the re-bet's
@@ -52,3 +54,26 @@ def test_every_unlabeled_twin_is_dispatched_as_its_labelled_case(bench: tuple[Mo
     assert all(s.chosen["unlabeled"] == s.chosen["labelled"] for s in scored)
     decode = [s for s in scored if s.kind == "decode"]
     assert decode and any(s.chosen["unlabeled, label only"] != s.chosen["labelled"] for s in decode)
+
+
+
+def test_a_refit_is_scored_beside_the_committed_rule_on_the_same_cases(bench: tuple[ModuleType, ModuleType]) -> None:
+    decisions, heldout = bench
+    import peers  # on the path the fixture set
+
+    assert "bench/results/" + heldout.COMMITTED == peers.AUTO_RULE
+    # the older tables score the suites of their own runs, though HELD_OUT now names the long suites too
+    tree = heldout.score(folder=heldout.TREE_FOLDER, runs_of=heldout.TREE_RUNS)
+    assert {s.suite for s in tree} == set(heldout.RUNS) and len(tree) == 67
+    kept = heldout.score(folder=heldout.TREE_FOLDER, runs_of=heldout.TREE_RUNS, rule_file=heldout.COMMITTED)
+    assert [(s.run, s.case_id) for s in kept] == [(s.run, s.case_id) for s in tree]
+    assert any(a.chosen != b.chosen for a, b in zip(tree, kept, strict=True))  # two rules, not one read twice
+    table = heldout.versus(folder=heldout.TREE_FOLDER, runs_of=heldout.TREE_RUNS)
+    alone = heldout.table(folder=heldout.TREE_FOLDER, runs_of=heldout.TREE_RUNS)
+    total = next(line for line in table if line.startswith("| all |")).split(" | ")
+    assert total[2:4] == next(line for line in alone if line.startswith("| all |")).split(" | ")[2:4]
+    # `ids` scores cases the fit saw, in every run of their suite
+    seen = heldout.score(folder=heldout.TREE_FOLDER, runs_of={"indexer": heldout.TREE_RUNS["indexer"]},
+                         ids={"v32-indexer-c32768-r2048-k2048"})
+    assert [s.case_id for s in seen] == ["v32-indexer-c32768-r2048-k2048"] * 3
+
