@@ -620,6 +620,30 @@ def auto_heldout_tree(root: Path) -> str:
                       source(root, rel)])
 
 
+@claim("auto-heldout-long")
+def auto_heldout_long(root: Path) -> str:
+    """bench/RESULTS.md: the tree's split refitted with the long suites' peers runs beside the tree's reports,
+    scored on the held-out cases of every suite's runs (the long suites' second run included) beside the
+    committed rule (bench/peers.py's AUTO_RULE) on the same cases."""
+    rel = f"{heldout.LONG_FOLDER}/rule.json"
+    suites = heldout.LONG_RUNS
+    miss = "v32-indexer-c1048576-r128-k2048"  # in the fit (decisions.HELD_OUT says why)
+    seen = [(a, b) for a, b in zip(*(heldout.score(root / RESULTS, heldout.LONG_FOLDER, {"long": suites["long"]},
+                                                   rule, {miss}) for rule in (None, heldout.COMMITTED)),
+                                   strict=True)]
+    return "\n".join([
+        f"Held out: {sum(len(heldout.decisions.HELD_OUT[s]) for s in suites)} cases of {len(suites)} suites "
+        "(`decisions.HELD_OUT`), in the runs of `auto-heldout-tree` and both H200 runs of the long suites "
+        f"(2026-12-05); committed: `{heldout.COMMITTED}`, fitted in sample on the seven older suites' cases, "
+        "held-out ones included, and on no long case.", "",
+        *heldout.versus(root / RESULTS), "",
+        f"In the fit, not held out: {miss}, " + "; ".join(
+            f"`{a.run}` refit {a.chosen['labelled']} {a.ratio['labelled']:.2f}x, committed "
+            f"{b.chosen['labelled']} {b.ratio['labelled']:.2f}x" for a, b in seen) + ".",
+        f"Within 3%: chosen / fastest of the rule's kernels timed in that run <= {heldout.NEAR_BEST}.",
+        source(root, rel)])
+
+
 # A split sweep table: columns (header, file, run or None, variant); `ref` is the best vLLM decode kernel of
 # the stored replay, which the script records as `upstream`.
 SplitColumns = list[tuple[str, str, str | None, str]]
