@@ -578,6 +578,29 @@ for _suite in ("long", "long-decode", "seed-controls", "seed-controls-bf16"):
         target_table, rel=peers_rel(_suite), score=targets.deepselect_vs_upstream, head=UPSTREAM_HEAD))
 claim("deepselect-upstream-indexer-h200")(functools.partial(
     target_table, rel=peers_rel("indexer"), score=targets.deepselect_vs_upstream, head=UPSTREAM_HEAD))
+@claim("deepselect-dtypes-h200")
+def deepselect_dtypes(root: Path) -> str:
+    """bench/RESULTS.md: per seed-controls case, the bundled deepselect's and upstream DeepSelect's time in fp32
+    and in bf16 (half the bytes) from the same H200 run, and each one's bf16 / fp32: how far each kernel's
+    time follows the bytes it reads (issue 43's bf16 miss, measured without upstream's work counters)."""
+    fp32, bf16 = peers_rel("seed-controls"), peers_rel("seed-controls-bf16")
+    reports = load(root, fp32), load(root, bf16)
+    first = {c["case_id"]: targets.timed(c) for c in reports[0]["cases"]}
+    rows = []
+    for case in reports[1]["cases"]:
+        t, f = targets.timed(case), first.get(case["case_id"].removesuffix("-bf16"), {})
+        cells = []
+        for k in ("deepselect", "deepselect-upstream"):
+            if k not in t or k not in f:
+                break
+            cells += [us(f[k]), us(t[k]), f"{t[k] / f[k]:.2f}"]
+        else:
+            rows.append([case["case_id"].removesuffix("-bf16"), *cells])
+    head = ["case", "deepselect fp32", "bf16", "bf16 / fp32", "upstream fp32", "bf16", "bf16 / fp32"]
+    return "\n".join([table(head, rows), "", source(root, fp32, reports[0]["environment"]),
+                      source(root, bf16, reports[1]["environment"])])
+
+
 claim("split-waves-long-decode")(functools.partial(
     target_table, rel=peers_rel("long-decode"), score=functools.partial(targets.split_waves, suite="long-decode"),
     head=["case", "rows", "valid keys (M)", "split's items", "items per block", "split us", "fastest production us",
