@@ -519,9 +519,9 @@ def target_table(root: Path, rel: str, head: list[str], score: Callable[[dict[st
 claim("target-split-decode")(functools.partial(
     target_table, rel=peers_rel("indexer-decode", TARGET_RUNS), score=targets.split_vs_production,
     head=["case", "split", "fastest production peer", "its us", "split / it"]))
+CLIFFS_HEAD = ["case", "flooded values", *(f"{k} us (after / before)" for k in targets.BUNDLED_KERNELS)]
 claim("target-cliffs")(functools.partial(
-    target_table, rel=peers_rel("stress", TARGET_RUNS), score=targets.capacity_cliffs,
-    head=["case", "flooded values", *(f"{k} us (after / before)" for k in targets.BUNDLED_KERNELS)]))
+    target_table, rel=peers_rel("stress", TARGET_RUNS), score=targets.capacity_cliffs, head=CLIFFS_HEAD))
 DET_SUITES = ("indexer-decode", "indexer", "stress")  # the suites whose latest peers run has the -det modes
 
 
@@ -553,6 +553,8 @@ for _suite in AUTO_SUITES:
 # against every production peer with the read floor, and `auto` by the same committed rule beside them.
 PHASES_RUNS = "h200-2026-12-05"
 UPSTREAM_HEAD = ["case", "dtype", "deepselect", "deepselect-upstream", "deepselect / upstream"]
+WAVES_HEAD = ["case", "rows", "valid keys (M)", "split's items", "items per block", "split us",
+              "fastest production us", "split / it"]
 FLOOR_HEAD = ["case", "read floor", "fastest bundled", "its us", "fastest production", "its us", "bundled / it",
               "bundled / floor"]
 claim("target-decode-2026-12-05")(functools.partial(
@@ -565,8 +567,7 @@ claim("deepselect-upstream-h100")(functools.partial(
 claim("split-waves-2026-12-05")(functools.partial(
     target_table, rel=peers_rel("indexer-decode", PHASES_RUNS),
     score=functools.partial(targets.split_waves, suite="indexer-decode"),
-    head=["case", "rows", "valid keys (M)", "split's items", "items per block", "split us", "fastest production us",
-          "split / it"]))
+    head=WAVES_HEAD))
 # The long suites and seed-controls beside each peer's current release, on the H200 (CURRENT): the fastest
 # bundled kernel against every production kernel with the read floor, bundled against upstream DeepSelect,
 # split's waves on the 2^20-column decode batches, the flooded-bin pairs at 2^20 columns, and `auto` by the
@@ -603,11 +604,9 @@ def deepselect_dtypes(root: Path) -> str:
 
 claim("split-waves-long-decode")(functools.partial(
     target_table, rel=peers_rel("long-decode"), score=functools.partial(targets.split_waves, suite="long-decode"),
-    head=["case", "rows", "valid keys (M)", "split's items", "items per block", "split us", "fastest production us",
-          "split / it"]))
+    head=WAVES_HEAD))
 claim("target-cliffs-long-decode")(functools.partial(
-    target_table, rel=peers_rel("long-decode"), score=targets.capacity_cliffs,
-    head=["case", "flooded values", *(f"{k} us (after / before)" for k in targets.BUNDLED_KERNELS)]))
+    target_table, rel=peers_rel("long-decode"), score=targets.capacity_cliffs, head=CLIFFS_HEAD))
 for _suite in ("long", "long-decode"):
     claim(f"target-auto-{_suite}")(functools.partial(
         target_table, rel=peers_rel(_suite), score=targets.auto_vs_fastest, head=AUTO_HEAD))

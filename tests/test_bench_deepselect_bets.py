@@ -3,7 +3,6 @@ re-bet off, per case, so that a kernel A/B's time difference has a work differen
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -12,15 +11,14 @@ import torch
 
 from logitreplay.archive import Case
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "deepselect_bets.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def bets() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deepselect_bets", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def bets(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT))  # as tests/test_bench_deepselect_ab.py imports its script
+    import bench.deepselect_bets as module
+
     return module
 
 
